@@ -16,7 +16,9 @@ from mixrt.runtime.graph import Graph, Value
 
 
 class RunningState:
-    """The state a Module's training step reads and updates besides its parameters."""
+    """The state a Module's training step reads and updates besides its parameters (the
+    module's ``params`` and ``_state_updates``, {statistic: the output with its new
+    value}); a base of it, which ``SymbolModule`` overrides in part."""
 
     def _state_feeds(self) -> dict:
         """Arrays a training step reads besides the batch and the trainable parameters: the

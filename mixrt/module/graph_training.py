@@ -28,7 +28,11 @@ from mixrt.runtime.training.program import Loss, LOSSES, TrainingProgram
 
 
 class GraphTraining:
-    """``fit`` and ``train_step`` of a Module over a graph."""
+    """``fit`` and ``train_step`` of a Module over a graph, a base of it: it reads the
+    module's ``params``, ``data_names``, ``output``, ``device``, ``loss_scaler``, its
+    ``_programs`` cache and ``_inference`` part, and calls its ``_loss``,
+    ``_training_graph``, ``_structure``, ``_changed``, the step state's methods
+    (``graph_state.RunningState``) and its checkpoints (``mixrt/checkpoints.py``)."""
 
     def fit(self, train_data: NDArrayIter, *, eval_data: NDArrayIter | None = None,
             loss=None, optimizer="sgd", optimizer_params=None,
