@@ -1,7 +1,7 @@
 """Running one registered op on NDArrays, right now: the imperative half of the registry.
 
 ``nd.Gemm(x, w, b, transB=1)`` and ``sym.Gemm(x, w, b, transB=1)`` take the same arguments
-(both come from the kernel's signature, see ``mixrt.sym.ops.spec_of``), which is what lets a
+(both come from the kernel's signature, see ``mixrt.op_specs.spec_of``), which is what lets a
 HybridBlock run the same ``hybrid_forward`` with ``F=nd`` and ``F=sym``.
 
 One call: split the arguments into inputs and attributes (checked against the spec), check

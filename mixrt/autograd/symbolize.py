@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from mixrt import sym
 from mixrt.base.errors import GradientError
-from mixrt.sym.ops import call_op
+from mixrt.sym.symbol import call_op
 from mixrt.tape import nodes
 
 

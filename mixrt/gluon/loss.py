@@ -22,7 +22,7 @@ from mixrt import dispatch
 from mixrt.base.errors import InputError
 from mixrt.gluon.hybrid import static_shape, HybridBlock
 from mixrt.sym import Symbol
-from mixrt.sym.ops import call_op
+from mixrt.sym.symbol import call_op
 
 _INT64, _FLOAT = 7, 1  # ONNX TensorProto data types, for Cast
 

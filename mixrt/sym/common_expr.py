@@ -17,8 +17,7 @@ import os
 
 import numpy as np
 
-from mixrt.sym.ops import call_op
-from mixrt.sym.symbol import Symbol, SymNode
+from mixrt.sym.symbol import call_op, Symbol, SymNode
 
 ENVIRONMENT = "MXNET_ELIMINATE_COMMON_EXPR"
 

@@ -9,8 +9,7 @@ import numpy as np
 
 from mixrt.base.errors import GraphError
 from mixrt.sym.random import uniform
-from mixrt.sym.ops import call_op
-from mixrt.sym.symbol import Symbol
+from mixrt.sym.symbol import call_op, Symbol
 from mixrt.sym.symbol_layers import Embedding
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 from mixrt import operator
 from mixrt.base.errors import GraphError
 from mixrt.ops.ir.registry import MIXRT
-from mixrt.sym.ops import call_op, layer_name
-from mixrt.sym.symbol import Symbol, prefixed, variable_named
+from mixrt.sym.symbol import call_op, layer_name, prefixed, Symbol, variable_named
 
 
 def Custom(*inputs, op_type=None, name=None, **kwargs) -> Symbol:

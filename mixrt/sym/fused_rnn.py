@@ -28,9 +28,9 @@ from mixrt.base.errors import GraphError
 from mixrt.layers import fused_rnn as layer
 from mixrt.layers.fused_rnn import (GATES, INPUTS, PARAMETERS, input_names,  # noqa: F401
                                     is_mxnet_call, with_onnx_rnn)
-from mixrt.sym.ops import call_op, layer_name
 from mixrt.sym.parameter_rules import shape_from, SHAPE_FROM
-from mixrt.sym.symbol import constant, Group, MXNET_OP, prefixed, variable_named, Symbol
+from mixrt.sym.symbol import (call_op, constant, Group, layer_name, MXNET_OP, prefixed,
+                               variable_named, Symbol)
 
 
 class SymbolWriter:

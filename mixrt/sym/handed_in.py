@@ -1,13 +1,13 @@
-"""What the modules above the Symbol class hand in to it as they load: its arithmetic's op
-call and layer names (``mixrt/sym/ops.py``: ``call_op``, ``layer_name``) and binding
-(``executor.py``: ``Executor``, ``simple_bind``).
+"""What the module above the Symbol class hands in to it as it loads: binding
+(``executor.py``: ``Executor``, ``simple_bind``, what ``Symbol.bind`` and
+``Symbol.simple_bind`` call).
 
-Those modules build on :mod:`mixrt.sym.symbol` (an op call returns Symbols, an Executor
-runs one), so the class cannot import them; each calls ``hand_in`` as it is imported
-(``mixrt/sym/__init__.py`` imports them all), and the class looks the four functions up
-here when it runs, so no import loop ties them. Whatever the class needs that does not
-build on it sits below it and is imported as any module (its parameter rules,
-``parameter_rules.py``; its JSON, ``symbol_json.py``).
+The Executor builds on :mod:`mixrt.sym.symbol` (it runs a Symbol's graphs as sessions over
+NDArrays), so the class cannot import it; ``executor.py`` calls ``hand_in`` as it is imported
+(``mixrt/sym/__init__.py`` imports it), and the class looks the two functions up here when it
+binds, so no import loop ties them. Whatever else the class needs sits below it or in its
+own module and is imported as any module (its op calls, its parameter rules,
+``parameter_rules.py``, its JSON, ``symbol_json.py``).
 """
 
 from __future__ import annotations

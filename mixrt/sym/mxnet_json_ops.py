@@ -26,9 +26,8 @@ from mixrt.base.errors import GraphError
 from mixrt.layers.op_params import (check_arity, INT64_MAX, is_integer,  # noqa: F401
                                     no_params, required_param)
 from mixrt.sym import mxnet_ops, shape_free, symbol_layers
-from mixrt.sym.ops import call_op
 from mixrt.sym.parameter_rules import shape_from, SHAPE_FROM
-from mixrt.sym.symbol import constant, scalar_like
+from mixrt.sym.symbol import call_op, constant, scalar_like
 
 
 # -- the translations --------------------------------------------------------------------------

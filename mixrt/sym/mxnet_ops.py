@@ -21,8 +21,8 @@ import numpy as np
 from mixrt.array_methods import ArrayMethods
 from mixrt.base.errors import HybridizeError
 from mixrt.nd import mxnet_ops as imperative
-from mixrt.sym.ops import call_op, layer_name
-from mixrt.sym.symbol import constant, LAYER, MXNET_OP, MXNET_PARAMS, prefixed, Symbol
+from mixrt.sym.symbol import (call_op, constant, LAYER, layer_name, MXNET_OP, MXNET_PARAMS,
+                               prefixed, Symbol)
 from mixrt.sym.tracing import static_shape
 
 

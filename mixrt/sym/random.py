@@ -25,8 +25,7 @@ import numpy as np
 from mixrt import sampling
 from mixrt.base.errors import GraphError
 from mixrt.ops.ir.registry import MIXRT
-from mixrt.sym.ops import call_op, layer_name
-from mixrt.sym.symbol import Symbol
+from mixrt.sym.symbol import call_op, layer_name, Symbol
 
 
 class _SymbolBuilder(sampling.Builder):

@@ -18,10 +18,9 @@ import numpy as np
 from mixrt import array_methods
 from mixrt.base.errors import GraphError, HybridizeError
 from mixrt.sym import mxnet_ops as traced_ops
-from mixrt.sym.ops import call_op, layer_name, split_symbol_attributes
 from mixrt.sym.partial_shapes import SAME_SHAPE
-from mixrt.sym.symbol import (constant, LAYER, LOSS_HEAD, MXNET_OP, OUTPUT_SUFFIX, prefixed,
-                               Symbol)
+from mixrt.sym.symbol import (call_op, constant, LAYER, layer_name, LOSS_HEAD, MXNET_OP,
+                               OUTPUT_SUFFIX, prefixed, split_symbol_attributes, Symbol)
 from mixrt.sym.tracing import static_shape
 
 

@@ -46,10 +46,10 @@ import numpy as np
 from mixrt import layers
 from mixrt.base.errors import GraphError
 from mixrt.layers.call import LayerCall, ShapeRule
-from mixrt.sym.ops import call_op, layer_name, split_symbol_attributes
 from mixrt.sym.parameter_rules import shape_from, SHAPE_FROM
-from mixrt.sym.symbol import (ATTRIBUTES, INPUT_ORDER, LAYER, MXNET_OP, MXNET_PARAMS, constant,
-                               prefixed, variable_named, Symbol)
+from mixrt.sym.symbol import (ATTRIBUTES, call_op, constant, INPUT_ORDER, LAYER, layer_name,
+                               MXNET_OP, MXNET_PARAMS, prefixed, split_symbol_attributes,
+                               variable_named, Symbol)
 
 # node.info key of an *Output layer's head: what Module.from_symbol trains it with
 OUTPUT_INFO = "mxnet_output"
