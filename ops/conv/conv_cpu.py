@@ -71,11 +71,11 @@ def _pointwise_node(W, attributes: dict) -> bool:
     if W.ndim != 4 or W.shape[2] != 1 or W.shape[3] != 1 or int(attributes["group"]) != 1 \
             or attributes["auto_pad"] not in ("NOTSET", "VALID"):
         return False
-    for name in ("pads", "strides", "dilations"):
-        values = attributes[name]
-        if values is not None and any(int(v) != (0 if name == "pads" else 1) for v in values):
-            return False
-    return True
+    # any(), min() and max() over each short list: a C call each, where a generator per
+    # list resumed once a value (~16 Python events a convolution, at every new image size)
+    pads, strides, dilations = attributes["pads"], attributes["strides"], attributes["dilations"]
+    return not (pads and any(pads)) and (not strides or min(strides) == 1 == max(strides)) \
+        and (not dilations or min(dilations) == 1 == max(dilations))
 
 
 def _route(X, W, B, attributes: dict, out, _prepacked, _node):
