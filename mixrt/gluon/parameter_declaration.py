@@ -68,6 +68,10 @@ class Parameter(ParameterStorage):
     def _trainer(self):
         return self._link.trainer
 
+    @_trainer.setter
+    def _trainer(self, trainer) -> None:  # MXNet's attribute, writable as there
+        self._link.trainer = trainer
+
     def row_sparse_data(self, row_id):
         return self._link.row_sparse_data(row_id)
 

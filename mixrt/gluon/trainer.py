@@ -122,13 +122,25 @@ class Trainer:
     def _optimizer(self):
         return self.optimizer
 
+    # the store and whether it runs the optimizer live in the store part; they stay
+    # writable, as MXNet's attributes are (a subclass that sums gradients itself, as
+    # Horovod's DistributedTrainer does, sets ``_kvstore = None`` and
+    # ``_update_on_kvstore = False`` after ``__init__``)
     @property
     def kvstore(self):
         return self._store.kvstore
 
+    @kvstore.setter
+    def kvstore(self, store) -> None:
+        self._store.kvstore = store
+
     @property
     def update_on_kvstore(self):
         return self._store.update_on_kvstore
+
+    @update_on_kvstore.setter
+    def update_on_kvstore(self, value) -> None:
+        self._store.update_on_kvstore = value
 
     @property
     def key_prefix(self) -> str:

@@ -72,3 +72,24 @@ def test_gradients_are_reduced_while_backward_still_runs():
     # step 2: the output layer's gradients go to the store before backward reaches the input
     assert second_step.index("reduce w2") < second_step.index("backward reached the input")
     assert second_step.index("reduce b2") < second_step.index("backward reached the input")
+
+
+def test_a_subclass_that_drops_the_store_after_init_steps_as_without_one():
+    """MXNet's store attributes stay writable, as a Horovod-style subclass needs: it sums the
+    gradients itself, so it sets ``_kvstore = None`` and ``_update_on_kvstore = False``
+    after the Trainer's ``__init__``, and the steps are then the plain Trainer's."""
+    class OwnReduction(gluon.Trainer):
+        def __init__(self, params, *args, **kwargs):
+            super().__init__(params, *args, kvstore="local", **kwargs)
+            self._kvstore, self._update_on_kvstore = None, False
+
+    plain, own = _params(), _params()
+    options = {"learning_rate": 0.05, "momentum": 0.9}
+    expected = _train(gluon.Trainer(plain, "sgd", options), plain)
+    trainer = OwnReduction(own, "sgd", options)
+    assert trainer.kvstore is None and trainer.update_on_kvstore is False
+    got = _train(trainer, own)
+    for a, b in zip(expected, got):
+        np.testing.assert_array_equal(a, b)
+    own[0]._trainer = None  # a Parameter's link to its Trainer is writable too
+    assert own[0]._trainer is None
