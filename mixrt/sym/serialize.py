@@ -16,17 +16,17 @@ from mixrt.sym.symbol import Symbol
 
 def from_json(text: str, source: str = "<string>") -> Symbol:
     """A Symbol from symbol JSON text, mixrt's or MXNet's (``source`` names it in errors)."""
-    document = symbol_json.parsed(text, source)
-    if mxnet_json.is_mxnet_document(document):
-        try:
+    try:
+        document = symbol_json.parsed(text, source)
+        if mxnet_json.is_mxnet_document(document):
             return mxnet_json.symbol_from_document(document, source)
-        except RecursionError:
-            raise ModelLoadError(f"{source}: symbol JSON nested too deeply") from None
-    if not symbol_json.is_mixrt_document(document):
-        raise ModelLoadError(f"{source}: not a mixrt symbol file (expected \"format\": "
-                             f"\"{symbol_json.FORMAT}\") nor an MXNet one (\"nodes\", "
-                             f"\"arg_nodes\", \"heads\")")
-    return Symbol(symbol_json.outputs_of(document, source))
+        if not symbol_json.is_mixrt_document(document):
+            raise ModelLoadError(f"{source}: not a mixrt symbol file (expected \"format\": "
+                                 f"\"{symbol_json.FORMAT}\") nor an MXNet one (\"nodes\", "
+                                 f"\"arg_nodes\", \"heads\")")
+        return Symbol(symbol_json.outputs_of(document, source))
+    except RecursionError:
+        raise symbol_json.too_deep(source) from None
 
 
 def load_json(text: str) -> Symbol:

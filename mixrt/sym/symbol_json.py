@@ -82,15 +82,19 @@ def _encode(value, where: str):
 
 
 def parsed(text, source: str):
-    """The JSON document of symbol text (``source`` names it in errors)."""
+    """The JSON document of symbol text (``source`` names it in errors). json.loads, as the
+    readers of a document, recurses once per level of nesting: the caller turns a
+    RecursionError into a ModelLoadError (:func:`too_deep`) around both."""
     if not isinstance(text, (str, bytes, bytearray)):
         raise ModelLoadError(f"{source}: symbol JSON is text, got {type(text).__name__}")
     try:
         return json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ModelLoadError(f"{source}: not symbol JSON: {error}") from None
-    except RecursionError:  # json.loads recurses once per level of nesting
-        raise ModelLoadError(f"{source}: symbol JSON nested too deeply") from None
+
+
+def too_deep(source: str) -> ModelLoadError:
+    return ModelLoadError(f"{source}: symbol JSON nested too deeply")
 
 
 def is_mixrt_document(document) -> bool:
@@ -106,14 +110,11 @@ def outputs_of(document, source: str) -> list:
     if document.get("version") != VERSION:
         raise ModelLoadError(f"{source}: symbol format version {document.get('version')!r}; "
                              f"this mixrt reads version {VERSION}")
-    try:
-        nodes: list[SymNode] = []
-        for position, entry in enumerate(_list(document, "nodes", source)):
-            nodes.append(_node(entry, nodes, f"{source}: node {position}"))
-        heads = [_reference(head, nodes, f"{source}: heads") for head in
-                 _list(document, "heads", source)]
-    except RecursionError:  # _decode recurses once per level of nesting
-        raise ModelLoadError(f"{source}: symbol JSON nested too deeply") from None
+    nodes: list[SymNode] = []
+    for position, entry in enumerate(_list(document, "nodes", source)):
+        nodes.append(_node(entry, nodes, f"{source}: node {position}"))
+    heads = [_reference(head, nodes, f"{source}: heads") for head in
+             _list(document, "heads", source)]
     if not heads:
         raise ModelLoadError(f"{source}: the symbol has no outputs (\"heads\" is empty)")
     return heads
@@ -121,7 +122,10 @@ def outputs_of(document, source: str) -> list:
 
 def outputs_from_text(text, source: str) -> list:
     """:func:`outputs_of` the mixrt symbol JSON ``text``."""
-    return outputs_of(parsed(text, source), source)
+    try:
+        return outputs_of(parsed(text, source), source)
+    except RecursionError:
+        raise too_deep(source) from None
 
 
 def _list(document: dict, key: str, source: str) -> list:
