@@ -155,15 +155,25 @@ def nvrtc_compile(source: str) -> tuple[int, str]:
     return status, log.value.decode()
 
 
+def kernel_source(kernel: str, dtype, **flags) -> str:
+    """The CUDA C of a multi-tensor optimizer kernel: "sgd" and "adam" (the engine's
+    PyTorch-style kinds), "mxnet_sgd" (MXNet's SGD's definition)."""
+    if kernel == "mxnet_sgd":
+        from mixrt.runtime.training.optimizers import sgd
+        return sgd.source(dtype, **flags)
+    from mixrt.runtime.training import optimizer_kernels
+    return optimizer_kernels.source(kernel, dtype, **flags)
+
+
 def counted_optimizer_launches(monkeypatch) -> list:
     """The names of the multi-tensor optimizer kernels (runtime/training/optimizer_kernels.py)
     launched from now on, in order, in the list returned."""
     from mixrt.runtime.training import optimizer_kernels
     launches: list = []
-    made = optimizer_kernels._raw
+    made = optimizer_kernels.raw_kernel
 
     def counted(xp, code, kernel_name):
         kernel = made(xp, code, kernel_name)
         return lambda *args: (launches.append(kernel_name), kernel(*args))[1]
-    monkeypatch.setattr(optimizer_kernels, "_raw", counted)
+    monkeypatch.setattr(optimizer_kernels, "raw_kernel", counted)
     return launches

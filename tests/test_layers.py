@@ -127,6 +127,10 @@ COMPUTED_IMPORTS = {
     "mixrt.ops.compiled.jit_cpu": "a family's _jit_* module, on first use",
     "mixrt.ops.compiled._prebuild": "the _jit_* modules it compiles ahead of time",
     "mixrt.ops.panels._jit_panels": "the panel kernels' home modules, in the same layer",
+    # the optimizer definitions, one file each, found by walking the package (adding an
+    # optimizer is adding its file)
+    "mixrt.runtime.training.optimizers": "mixrt.runtime.training.optimizers.<optimizer>, "
+                                         "its own modules",
 }
 
 

@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import counted_optimizer_launches, nvrtc, nvrtc_compile
+from helpers import counted_optimizer_launches, kernel_source, nvrtc, nvrtc_compile
 
 from mixrt import lr_scheduler
 # the engine's optimizers (PyTorch's rules); mixrt.optimizer is MXNet's (test_mxnet_optimizer)
@@ -589,6 +589,5 @@ def test_a_gpu_step_of_every_weight_is_one_launch(name, params, dtype, monkeypat
 def test_the_multi_tensor_kernels_compile(kernel, flags, dtype):
     """The CUDA C of the multi-tensor updates, compiled by NVRTC for Hopper (no GPU needed
     to compile; a GPU run checks what they compute)."""
-    from mixrt.runtime.training import optimizer_kernels
-    status, log = nvrtc_compile(optimizer_kernels.source(kernel, dtype, **flags))
+    status, log = nvrtc_compile(kernel_source(kernel, dtype, **flags))
     assert status == 0, log

@@ -28,13 +28,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import nvrtc
+from helpers import kernel_source, nvrtc
 
 import mixrt
 from mixrt import autograd, gluon, lr_scheduler, nd
 from mixrt.base.errors import OptimizerError
 from mixrt.runtime.training import optimizer as engine
 from mixrt.runtime.training import optimizer_kernels, update_rules
+from mixrt.runtime.training.optimizers import adagrad, ftrl, lamb, rmsprop, signum
 
 DTYPES = [np.float32, np.float64]
 STEPS = 6
@@ -407,7 +408,7 @@ def test_every_kernel_is_built_without_fused_multiply_adds(monkeypatch):
     record = staticmethod(lambda *args, options=(): made.append(options))
     monkeypatch.setattr(HostModule, "RawKernel", record, raising=False)
     monkeypatch.setattr(HostModule, "ElementwiseKernel", record, raising=False)
-    optimizer_kernels._raw.__wrapped__(HOST, "code", "name")
+    optimizer_kernels.raw_kernel.__wrapped__(HOST, "code", "name")
     optimizer_kernels._compiled.__wrapped__(HOST, "T g", "T w", "w = g;", "name")
     assert made == [(update_rules.FMAD,)] * 2
 
@@ -415,11 +416,10 @@ def test_every_kernel_is_built_without_fused_multiply_adds(monkeypatch):
 # MXNet's rules that no kernel runs yet, each compiled as written into a host loop: the C
 # reading of the text (the CUDA helpers included) takes the same steps as its Python one
 RULES_AS_C = [
-    update_rules.adagrad(True), update_rules.adagrad(False), update_rules.ftrl(True),
-    update_rules.ftrl(False), update_rules.signsgd(), update_rules.signum(True),
-    update_rules.signum(False), update_rules.rmsprop_centered(True, True),
-    update_rules.rmsprop_centered(False, False), update_rules.lamb_direction(True, True),
-    update_rules.lamb_direction(False, False), update_rules.LAMB_STEP]
+    adagrad.adagrad(True), adagrad.adagrad(False), ftrl.ftrl(True), ftrl.ftrl(False),
+    signum.signsgd(), signum.signum(True), signum.signum(False),
+    rmsprop.rmsprop_centered(True, True), rmsprop.rmsprop_centered(False, False),
+    lamb.direction(True, True), lamb.direction(False, False), lamb.STEP]
 
 
 def _rule_as_host_loop(rule, dtype, outputs):
@@ -485,7 +485,7 @@ def _multi_tensor_sources():
     for kernel, names in flags.items():
         for values in itertools.product((0, 1), repeat=len(names)):
             for dtype in DTYPES:
-                yield optimizer_kernels.source(kernel, dtype, **dict(zip(names, values)))
+                yield kernel_source(kernel, dtype, **dict(zip(names, values)))
 
 
 def _one_weight_sources():

@@ -1,22 +1,21 @@
 """MXNet's adaptive-rate optimizers: Adam, Adamax, Nadam, AdaGrad, GroupAdaGrad, AdaDelta,
 RMSProp, Ftrl and FTML, with MXNet's update rules, defaults and state layouts.
 
-The kinds MXNet runs through an update operator call ``mixrt.optimizer_ops``; the kinds it
-writes in Python (AdaGrad, AdaDelta, Adamax, Nadam, GroupAdaGrad) take the same steps here
-on the arrays' own data, in the weight's dtype (AdaGrad's as the rule
-``update_rules.adagrad``, which a parameter server runs too). States have the weight's
-dtype (MXNet makes some float32 whatever the weight, which it then cannot add to a float64
-gradient).
+The kinds with a definition in ``runtime/training/optimizers/`` (Adam, AdaGrad,
+GroupAdaGrad, RMSProp, Ftrl, FTML) are MXNet's signature and attribute names over it: their
+states, nd operators and engine twins come from there. The kinds MXNet writes in Python
+alone (AdaDelta, Adamax, Nadam) take MXNet's steps here on the arrays' own data, in the
+weight's dtype. States have the weight's dtype (MXNet makes some float32 whatever the
+weight, which it then cannot add to a float64 gradient).
 """
 
 from __future__ import annotations
 
-from mixrt import optimizer_ops as ops
 from mixrt.base.errors import OptimizerError
 from mixrt.ops.device import array_module
 from mixrt.optimizers.base import Optimizer, register
-from mixrt.optimizers.sgd import clipping, zeros_like
-from mixrt.runtime.training import update_rules
+from mixrt.optimizers.sgd import zeros_like
+from mixrt.runtime.training.optimizers import adagrad, adam, definitions
 
 
 def _rescaled_raw(optimizer, grad, xp, dtype):
@@ -31,7 +30,10 @@ def _rescaled_raw(optimizer, grad, xp, dtype):
 @register
 class Adam(Optimizer):
     """Adam (Kingma & Ba, 2015) as MXNet has it: the bias corrections folded into the rate,
-    ``lr * sqrt(1 - beta2^t) / (1 - beta1^t)``, and weight decay added to the gradient."""
+    ``lr * sqrt(1 - beta2^t) / (1 - beta1^t)``, and weight decay added to the gradient
+    (runtime/training/optimizers/adam.py)."""
+
+    definition = definitions()["adam"]
 
     def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8,
                  lazy_update=True, **kwargs):
@@ -39,59 +41,44 @@ class Adam(Optimizer):
         self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
         self.lazy_update = lazy_update
 
-    def create_state(self, index, weight):
-        return (zeros_like(weight), zeros_like(weight))
-
     def update(self, index, weight, grad, state):
         self._update_count(index)
         lr, wd = self._get_lr(index), self._get_wd(index)
-        t = self._index_update_count[index]
-        lr = update_rules.mxnet_adam_rate(lr, self.beta1, self.beta2, t)
-        mean, var = state
-        ops.adam_update(weight, grad, mean, var, out=weight, lr=lr, wd=wd, beta1=self.beta1,
-                        beta2=self.beta2, epsilon=self.epsilon,
-                        rescale_grad=self.rescale_grad, clip_gradient=clipping(self),
-                        lazy_update=self.lazy_update)
-
-    def spec(self) -> dict:
-        """The engine's ``mxnet_adam``: the same rule and rate
-        (runtime/training/update_rules.py)."""
-        return self._twin_spec("mxnet_adam", beta1=self.beta1, beta2=self.beta2,
-                               epsilon=self.epsilon)
+        rate = adam.rate(lr, self.beta1, self.beta2, self._index_update_count[index])
+        self._apply_operator("adam_update", weight, grad, state, lr=rate, wd=wd)
 
 
 @register
 class AdaGrad(Optimizer):
     """AdaGrad (Duchi et al., 2011): ``history += g^2``,
-    ``w += (g / sqrt(history + eps) + wd * w) * -lr``."""
+    ``w += (g / sqrt(history + eps) + wd * w) * -lr`` (runtime/training/optimizers/
+    adagrad.py: MXNet writes it as NDArray arithmetic, not an operator)."""
+
+    definition = definitions()["adagrad"]
+    state_is_tuple = False
 
     def __init__(self, eps=1e-7, **kwargs):
         super().__init__(**kwargs)
         self.float_stable_eps = eps
 
-    def create_state(self, index, weight):
-        return zeros_like(weight)
+    def engine_hyper(self) -> dict:
+        return {"epsilon": self.float_stable_eps}
 
     def update(self, index, weight, grad, state):
         self._update_count(index)
         lr, wd = self._get_lr(index), self._get_wd(index)
         w = weight._write()
-        clipped = self.clip_gradient is not None  # MXNet's Python clips on "is not None"
-        w[...] = update_rules.mxnet_step(
-            update_rules.adagrad(clipped), array_module(w), w, grad._read(),
-            {"history": state._write()}, clip_gradient=self.clip_gradient,
-            exact={"lr": lr, "wd": wd, "epsilon": self.float_stable_eps,
-                   "rescale_grad": self.rescale_grad})
-
-    def spec(self) -> dict:
-        """The engine's ``mxnet_adagrad``: the same rule (runtime/training/update_rules.py)."""
-        return self._twin_spec("mxnet_adagrad", epsilon=self.float_stable_eps)
+        w[...] = adagrad.step(array_module(w), w, grad._read(), state._write(), lr=lr, wd=wd,
+                              epsilon=self.float_stable_eps, rescale_grad=self.rescale_grad,
+                              clip_gradient=self.clip_gradient)
 
 
 @register
 class GroupAdaGrad(Optimizer):
     """AdaGrad with one accumulator per row (``mx.optimizer.contrib.GroupAdaGrad``); no
-    weight decay."""
+    weight decay (runtime/training/optimizers/group_adagrad.py)."""
+
+    definition = definitions()["groupadagrad"]
 
     def __init__(self, eps=1e-5, **kwargs):
         super().__init__(**kwargs)
@@ -107,15 +94,16 @@ class GroupAdaGrad(Optimizer):
         lr, wd = self._get_lr(index), self._get_wd(index)
         if wd != 0:
             raise OptimizerError("Weight decay is not supported for GroupAdaGrad")
-        ops.group_adagrad_update(weight, grad, state, out=weight, lr=lr,
-                                 rescale_grad=self.rescale_grad,
-                                 clip_gradient=clipping(self), epsilon=self.float_stable_eps)
+        self._apply_operator("group_adagrad_update", weight, grad, state, lr=lr,
+                             epsilon=self.float_stable_eps)
 
 
 @register
 class RMSProp(Optimizer):
     """RMSProp (Tieleman & Hinton) or, with ``centered``, Graves' form; ``clip_weights``
-    clips the weights after each step."""
+    clips the weights after each step (runtime/training/optimizers/rmsprop.py)."""
+
+    definition = definitions()["rmsprop"]
 
     def __init__(self, learning_rate=0.001, gamma1=0.9, gamma2=0.9, epsilon=1e-8,
                  centered=False, clip_weights=None, **kwargs):
@@ -123,30 +111,17 @@ class RMSProp(Optimizer):
         self.gamma1, self.gamma2 = gamma1, gamma2
         self.centered, self.epsilon, self.clip_weights = centered, epsilon, clip_weights
 
-    def create_state(self, index, weight):
-        count = 3 if self.centered else 1
-        return tuple(zeros_like(weight) for _ in range(count))
+    def engine_hyper(self) -> dict:
+        clip_weights = self.clip_weights if self.clip_weights and self.clip_weights > 0 \
+            else None  # MXNet clips the weights only from a positive bound
+        return dict(super().engine_hyper(), centered=bool(self.centered),
+                    clip_weights=clip_weights)
 
     def update(self, index, weight, grad, state):
         self._update_count(index)
         lr, wd = self._get_lr(index), self._get_wd(index)
-        options = {"lr": lr, "wd": wd, "gamma1": self.gamma1, "epsilon": self.epsilon,
-                   "rescale_grad": self.rescale_grad, "clip_gradient": clipping(self),
-                   "clip_weights": self.clip_weights if self.clip_weights else -1.0}
-        if self.centered:
-            n, g, delta = state
-            ops.rmspropalex_update(weight, grad, n, g, delta, out=weight,
-                                   gamma2=self.gamma2, **options)
-        else:
-            ops.rmsprop_update(weight, grad, state[0], out=weight, **options)
-
-    def spec(self) -> dict:
-        """The engine's ``mxnet_rmsprop``, centered (Graves' form) or not."""
-        clip_weights = self.clip_weights if self.clip_weights and self.clip_weights > 0 \
-            else None  # MXNet clips the weights only from a positive bound
-        return self._twin_spec("mxnet_rmsprop", gamma1=self.gamma1, gamma2=self.gamma2,
-                               epsilon=self.epsilon, centered=bool(self.centered),
-                               clip_weights=clip_weights)
+        operator = "rmspropalex_update" if self.centered else "rmsprop_update"
+        self._apply_operator(operator, weight, grad, state, lr=lr, wd=wd)
 
 
 @register
@@ -178,27 +153,20 @@ class AdaDelta(Optimizer):
 
 @register
 class Ftrl(Optimizer):
-    """FTRL-Proximal (McMahan et al., 2013); state ``(z, n)``."""
+    """FTRL-Proximal (McMahan et al., 2013); state ``(z, n)``
+    (runtime/training/optimizers/ftrl.py)."""
+
+    definition = definitions()["ftrl"]
 
     def __init__(self, lamda1=0.01, learning_rate=0.1, beta=1, **kwargs):
         super().__init__(**kwargs)
         self.lamda1, self.beta = lamda1, beta
         self.lr = learning_rate
 
-    def create_state(self, index, weight):
-        return (zeros_like(weight), zeros_like(weight))
-
     def update(self, index, weight, grad, state):
         self._update_count(index)
         wd, lr = self._get_wd(index), self._get_lr(index)
-        z, n = state
-        ops.ftrl_update(weight, grad, z, n, out=weight, lr=lr, wd=wd, lamda1=self.lamda1,
-                        beta=self.beta, rescale_grad=self.rescale_grad,
-                        clip_gradient=clipping(self))
-
-    def spec(self) -> dict:
-        """The engine's ``mxnet_ftrl``: the same rule (runtime/training/update_rules.py)."""
-        return self._twin_spec("mxnet_ftrl", lamda1=self.lamda1, beta=self.beta)
+        self._apply_operator("ftrl_update", weight, grad, state, lr=lr, wd=wd)
 
 
 @register
@@ -271,23 +239,22 @@ class Nadam(Optimizer):
 
 @register
 class FTML(Optimizer):
-    """FTML (Zheng & Kwok, 2017); state ``(d, v, z)``."""
+    """FTML (Zheng & Kwok, 2017); state ``(d, v, z)`` (runtime/training/optimizers/
+    ftml.py)."""
+
+    definition = definitions()["ftml"]
 
     def __init__(self, beta1=0.6, beta2=0.999, epsilon=1e-8, **kwargs):
         super().__init__(**kwargs)
         self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
 
-    def create_state(self, index, weight):
-        return (zeros_like(weight), zeros_like(weight), zeros_like(weight))
-
     def update(self, index, weight, grad, state):
         self._update_count(index)
         lr, wd = self._get_lr(index), self._get_wd(index)
-        d, v, z = state
-        ops.ftml_update(weight, grad, d, v, z, out=weight, lr=lr, wd=wd,
-                        t=self._index_update_count[index], beta1=self.beta1,
-                        beta2=self.beta2, epsilon=self.epsilon,
-                        rescale_grad=self.rescale_grad, clip_grad=clipping(self))
+        self._apply_operator("ftml_update", weight, grad, state, lr=lr, wd=wd,
+                             t=self._index_update_count[index], beta1=self.beta1,
+                             beta2=self.beta2, epsilon=self.epsilon,
+                             clip_grad=self.clip_gradient if self.clip_gradient else -1.0)
 
 
 __all__ = ["Adam", "AdaGrad", "GroupAdaGrad", "RMSProp", "AdaDelta", "Ftrl", "Adamax",

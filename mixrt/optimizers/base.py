@@ -19,6 +19,7 @@ import warnings
 
 import numpy as np
 
+from mixrt import nd, optimizer_ops
 from mixrt.base.errors import OptimizerError
 from mixrt.context import cpu, gpu
 from mixrt.nd.ndarray import NDArray
@@ -36,6 +37,10 @@ class Optimizer(engine.Optimizer):
     """MXNet's base optimizer (``mx.optimizer.Optimizer``), same arguments and defaults."""
 
     opt_registry: Registry  # the optimizers by name (MXNet's dict), made below
+    # the definition (runtime/training/optimizers/) a kind runs, where it runs one: its
+    # state slots, its nd operators and its engine twin come from there
+    definition = None
+    state_is_tuple = True  # MXNet's state layout: the slots' arrays as a tuple, else one
     # whether the aggregated update (a list of indices) takes any number of weights at once,
     # rather than MXNet's ``aggregate_num`` at a time (the Updater asks)
     updates_any_number = False
@@ -102,8 +107,33 @@ class Optimizer(engine.Optimizer):
     # -- states and updates (what a kind defines) ----------------------------------------
 
     def create_state(self, index, weight):
-        """This kind's state for one weight: None, an NDArray or a tuple of them."""
-        return None
+        """This kind's state for one weight: None, an NDArray or a tuple of them (a zero
+        array for each of its definition's slots, in MXNet's layout)."""
+        slots = () if self.definition is None else self.definition.slots(self.engine_hyper())
+        if not slots:
+            return None
+        arrays = tuple(nd.zeros(weight.shape, weight.ctx, dtype=weight.dtype) for _ in slots)
+        return arrays if self.state_is_tuple or len(arrays) > 1 else arrays[0]
+
+    def engine_hyper(self) -> dict:
+        """The hyper-parameters of this kind's definition, read from MXNet's attributes of
+        the same names (a kind whose attributes are named otherwise says how)."""
+        return {hyper.name: getattr(self, hyper.name) for hyper in self.definition.hyper}
+
+    def _apply_operator(self, operator: str, weight, grad, state, **given) -> None:
+        """MXNet's nd update ``operator`` of this kind's definition on ``weight`` in place,
+        with the state's arrays, this kind's hyper-parameters, ``rescale_grad``, MXNet's
+        ``clip_gradient`` and ``given`` (``lr``, ``wd``, ...); a hyper-parameter that is
+        None takes the operator's default (-1: "not set")."""
+        declared = self.definition.operator(operator)
+        values = {**self.engine_hyper(), "rescale_grad": self.rescale_grad,
+                  "clip_gradient": self.clip_gradient if self.clip_gradient else -1.0, **given}
+        params = {name: default if values.get(name) is None else values[name]
+                  for name, default in declared.params if name in values}
+        if declared.lazy == "flag":
+            params["lazy_update"] = getattr(self, "lazy_update", True)
+        states = () if state is None else state if isinstance(state, tuple) else (state,)
+        getattr(optimizer_ops, operator)(weight, grad, *states, out=weight, **params)
 
     def create_state_multi_precision(self, index, weight):
         """With ``multi_precision`` and a float16 weight: ``(float32 master copy, state of
@@ -229,13 +259,18 @@ class Optimizer(engine.Optimizer):
 
     def spec(self) -> dict:
         """The engine optimizer that runs these same steps bit for bit, as a spec a
-        parameter server rebuilds (``sgd``, ``nag``, ``adam``, ``rmsprop``, ``adagrad``,
-        ``ftrl``, ``signum`` and ``lamb`` have such twins there: the engine's ``mxnet_*``
-        kinds, which run runtime/training/update_rules.py's MXNet rules, as this process does)."""
-        raise OptimizerError(f"MXNet's {type(self).__name__} runs in this process only; a "
-                             f"parameter server runs mixrt.runtime.training.optimizer's kinds "
-                             f"(the 'sgd', 'nag', 'adam', 'rmsprop', 'adagrad', 'ftrl', "
-                             f"'signum' and 'lamb' optimizers have twins there)")
+        parameter server rebuilds: the engine's ``mxnet_<name>`` kind made from this kind's
+        definition (``sgd``, ``nag``, ``adam``, ``rmsprop``, ``adagrad``, ``ftrl``,
+        ``signum`` and ``lamb`` have one), which runs the same rule text."""
+        if self.definition is None or self.definition.engine_name is None:
+            self._no_twin()
+        return self._twin_spec(self.definition.engine_name, **self.engine_hyper())
+
+    def _no_twin(self):
+        raise OptimizerError(
+            f"MXNet's {type(self).__name__} runs in this process only; a parameter server "
+            f"runs mixrt.runtime.training.optimizer's kinds (the 'sgd', 'nag', 'adam', "
+            f"'rmsprop', 'adagrad', 'ftrl', 'signum' and 'lamb' optimizers have twins there)")
 
     def _twin_spec(self, name: str, **hyper) -> dict:
         """The spec of the engine's kind ``name`` with this optimizer's common settings and

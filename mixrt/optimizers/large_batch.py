@@ -1,7 +1,7 @@
 """MXNet's large-batch optimizers: LARS, LAMB and LBSGD, with MXNet's rules and defaults.
 
 LARS and LAMB scale each layer's rate by a trust ratio of norms; MXNet computes the norms in
-float32 and so do these (LAMB's by ``update_rules.lamb_norm``, as a parameter server does).
+float32 and so do these (LAMB's by its definition's ``norm``, as a parameter server does).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from mixrt import nd, optimizer_ops as ops
 from mixrt.ops.device import array_module
 from mixrt.optimizers.base import ImplUpdates, Optimizer, register
 from mixrt.optimizers.sgd import SGD, listed, zeros_like
-from mixrt.runtime.training import update_rules
+from mixrt.runtime.training.optimizers import definitions
+from mixrt.runtime.training.optimizers import lamb as lamb_definition
 
 _NO_TRUST_RATIO = ("gamma", "beta", "bias")  # LARS leaves these layers' rates alone
 
@@ -78,13 +79,16 @@ class LARS(SGD):
             self._step(weight, grad, state, lr, wd, multi_precision, self._options(momentum))
 
     def spec(self) -> dict:
-        return Optimizer.spec(self)
+        self._no_twin()  # its trust ratio is not SGD's
 
 
 @register
 class LAMB(ImplUpdates, Optimizer):
     """LAMB (You et al., 2019): Adam's direction plus decoupled weight decay, scaled per
-    layer by ``|w| / |direction|`` (``|w|`` held to ``[lower_bound, upper_bound]``)."""
+    layer by ``|w| / |direction|`` (``|w|`` held to ``[lower_bound, upper_bound]``;
+    runtime/training/optimizers/lamb.py)."""
+
+    definition = definitions()["lamb"]
 
     def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-6,
                  lower_bound=None, upper_bound=None, bias_correction=True, **kwargs):
@@ -94,9 +98,6 @@ class LAMB(ImplUpdates, Optimizer):
         self.bias_correction = bias_correction
         self.aggregate_num = max(1, min(45, int(os.getenv(
             "MXNET_OPTIMIZER_AGGREGATION_SIZE", "45"))))
-
-    def create_state(self, index, weight):
-        return (zeros_like(weight), zeros_like(weight))
 
     def _update_impl(self, index, weight, grad, state, multi_precision=False):
         for idx, weight_, grad_, state_ in zip(*listed(index, weight, grad, state)):
@@ -123,13 +124,10 @@ class LAMB(ImplUpdates, Optimizer):
             ops.lamb_update_phase2(weight, g, _norm_array(weight), _norm_array(g), lr=lr,
                                    out=weight, **bounds)
 
-    def spec(self) -> dict:
-        """The engine's ``mxnet_lamb``: the same rules and norms
-        (runtime/training/update_rules.py)."""
-        return self._twin_spec("mxnet_lamb", beta1=self.beta1, beta2=self.beta2,
-                               epsilon=self.epsilon, lower_bound=_acting(self.lower_bound),
-                               upper_bound=_acting(self.upper_bound),
-                               bias_correction=bool(self.bias_correction))
+    def engine_hyper(self) -> dict:
+        return dict(super().engine_hyper(), lower_bound=_acting(self.lower_bound),
+                    upper_bound=_acting(self.upper_bound),
+                    bias_correction=bool(self.bias_correction))
 
 
 def _acting(bound):
@@ -138,9 +136,9 @@ def _acting(bound):
 
 
 def _norm_array(array):
-    """LAMB's norm (``update_rules.lamb_norm``, which a parameter server computes too)."""
+    """LAMB's norm (``lamb.norm``, which a parameter server computes too)."""
     data = array._read()
-    return nd.array([update_rules.lamb_norm(array_module(data), data)], ctx=array.ctx)
+    return nd.array([lamb_definition.norm(array_module(data), data)], ctx=array.ctx)
 
 
 @register

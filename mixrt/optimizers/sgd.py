@@ -13,10 +13,11 @@ import os
 import numpy as np
 
 from mixrt import nd, optimizer_ops as ops, random as mixrt_random
-from mixrt.base.errors import OptimizerError
 from mixrt.ops.device import array_module
 from mixrt.optimizers.base import ImplUpdates, Optimizer, register, warn_float16
 from mixrt.runtime.training import optimizer_kernels as kernels
+from mixrt.runtime.training.optimizers import definitions
+from mixrt.runtime.training.optimizers import sgd as sgd_definition
 
 
 def listed(index, weight, grad, state):
@@ -44,11 +45,18 @@ def rescaled(optimizer, grad):
 
 
 class _MomentumSGD(ImplUpdates, Optimizer):
-    """What SGD, NAG and LARS share: an optional momentum buffer and, with
-    ``multi_precision``, the state ``(momentum, float32 weight)``."""
+    """What SGD, NAG and LARS share (runtime/training/optimizers/sgd.py): an optional
+    momentum buffer and, with ``multi_precision``, the state ``(momentum, float32
+    weight)``."""
+
+    definition = definitions()["sgd"]
+    nesterov = False
 
     def create_state(self, index, weight):
         return None if self.momentum == 0.0 else zeros_like(weight)
+
+    def engine_hyper(self) -> dict:
+        return {"momentum": max(self.momentum, 0.0), "nesterov": self.nesterov}
 
     def create_state_multi_precision(self, index, weight):
         if self.multi_precision and weight.dtype == np.float16:
@@ -113,7 +121,7 @@ class SGD(_MomentumSGD):
 
     def _step_many(self, weights, grads, states, lrs, wds) -> bool:
         """Every weight in one launch where they are dense float32/float64 arrays of one GPU
-        (runtime/training/optimizer_kernels.py); False, nothing done, elsewhere. A step of a
+        (runtime/training/optimizers/sgd.py's kernel); False, nothing done, elsewhere. A step of a
         ResNet-18 is otherwise 62 updates from Python, ~20 ms on an H100 against the
         forward and backward's 22 ms."""
         if len(weights) < 2 or any(a.stype != "default" for a in (*weights, *grads)):
@@ -126,7 +134,7 @@ class SGD(_MomentumSGD):
                 or len({a.device.id for a in raw}) != 1:
             return False
         options = self._options()
-        kernels.mxnet_sgd_many(
+        sgd_definition.many(
             xp, [w._write() for w in weights], [g._read() for g in grads],
             None if moms is None else [m._write() for m in moms], lrs, wds,
             momentum=options["momentum"], rescale=options["rescale_grad"],
@@ -135,9 +143,6 @@ class SGD(_MomentumSGD):
 
     def _options(self, momentum=None) -> dict:
         return dict(super()._options(momentum), lazy_update=self.lazy_update)
-
-    def spec(self) -> dict:
-        return _engine_sgd_spec(self, nesterov=False)
 
 
 @register
@@ -156,6 +161,8 @@ class NAG(_MomentumSGD):
     _operators = (ops.sgd_update, ops.nag_mom_update, ops.mp_sgd_update,
                   ops.mp_nag_mom_update)
 
+    nesterov = True  # its engine twin: mxnet_sgd with nesterov (momentum 0: sgd_update)
+
     def __init__(self, momentum=0.0, **kwargs):
         super().__init__(**kwargs)
         self.momentum = momentum
@@ -170,39 +177,32 @@ class NAG(_MomentumSGD):
         lr, wd = self._get_lr(index), self._get_wd(index)
         self._step(weight, grad, state, lr, wd, multi_precision, self._options())
 
-    def spec(self) -> dict:
-        return _engine_sgd_spec(self, nesterov=True)  # momentum 0: NAG's sgd_update
-
 
 @register
 class Signum(Optimizer):
     """signSGD (``momentum`` 0) or Signum (Bernstein et al., 2018): steps by the sign of
-    the gradient or of its momentum; ``wd_lh`` is decoupled weight decay."""
+    the gradient or of its momentum; ``wd_lh`` is decoupled weight decay
+    (runtime/training/optimizers/signum.py)."""
+
+    definition = definitions()["signum"]
+    state_is_tuple = False
 
     def __init__(self, learning_rate=0.01, momentum=0.9, wd_lh=0.0, **kwargs):
         super().__init__(learning_rate=learning_rate, **kwargs)
         self.momentum = momentum
         self.wd_lh = wd_lh
 
-    def create_state(self, index, weight):
-        return None if self.momentum == 0.0 else zeros_like(weight)
+    def engine_hyper(self) -> dict:
+        return {"momentum": self.momentum, "wd_lh": self.wd_lh or 0.0}
 
     def update(self, index, weight, grad, state):
         self._update_count(index)
         lr, wd = self._get_lr(index), self._get_wd(index)
-        options = {"rescale_grad": self.rescale_grad, "clip_gradient": clipping(self)}
         if state is None:
-            ops.signsgd_update(weight, grad, out=weight, lr=lr, wd=wd, **options)
+            self._apply_operator("signsgd_update", weight, grad, None, lr=lr, wd=wd)
         else:
-            ops.signum_update(weight, grad, state, out=weight, lr=lr, wd=wd,
-                              momentum=self.momentum if self.momentum > 0 else 0.0,
-                              wd_lh=self.wd_lh or 0.0, **options)
-
-    def spec(self) -> dict:
-        """The engine's ``mxnet_signum`` (signSGD with ``momentum`` 0): the same rules
-        (runtime/training/update_rules.py)."""
-        return self._twin_spec("mxnet_signum", momentum=self.momentum,
-                               wd_lh=self.wd_lh or 0.0)
+            self._apply_operator("signum_update", weight, grad, state, lr=lr, wd=wd,
+                                 momentum=self.momentum if self.momentum > 0 else 0.0)
 
 
 @register
@@ -265,13 +265,6 @@ class Test(Optimizer):
     def update(self, index, weight, grad, state):
         weight[:] = weight + grad * self.rescale_grad
         state[:] = weight
-
-
-def _engine_sgd_spec(optimizer, nesterov: bool) -> dict:
-    """The engine's ``mxnet_sgd``: the same update rule (runtime/training/update_rules.py), so a
-    parameter server takes the steps this process would, bit for bit."""
-    return optimizer._twin_spec("mxnet_sgd", momentum=max(optimizer.momentum, 0.0),
-                                nesterov=nesterov)
 
 
 __all__ = ["SGD", "ccSGD", "NAG", "Signum", "SGLD", "DCASGD", "Test"]

@@ -18,8 +18,9 @@ and the checkpoint JSON-able. Each key counts its updates; ``num_update`` is the
 count (MXNet), the learning-rate schedule is evaluated at it and each key's bias corrections
 use its own count. The rules match torch.optim where PyTorch has the optimizer, including how
 weight decay enters (L2 on the gradient, or decoupled): see each class. The base class is in
-``runtime/training/optimizer_base.py``, the kinds that run MXNet's own update operators in
-``runtime/training/optimizer_mxnet_rules.py``.
+``runtime/training/optimizer_base.py``; the kinds that run MXNet's own update operators
+(``mxnet_sgd``, ``mxnet_adam``, ...) are made from ``runtime/training/optimizers/``, one
+file per optimizer.
 """
 
 from __future__ import annotations
@@ -32,9 +33,7 @@ from mixrt.runtime.training import optimizer_kernels
 from mixrt.ops.device import array_module
 from mixrt.runtime.training.lr_scheduler import real_param
 from mixrt.runtime.training.optimizer_base import Optimizer, _flag, read_meta
-from mixrt.runtime.training.optimizer_mxnet_rules import (MXNetAdaGrad, MXNetAdam, MXNetFtrl,
-                                                          MXNetLAMB, MXNetRMSProp, MXNetSGD,
-                                                          MXNetSignum)
+from mixrt.runtime.training.optimizers import engine_kinds
 
 
 # -- the kinds ------------------------------------------------------------------------------
@@ -329,9 +328,9 @@ class LAMB(_AdamMoments):
 
 # -- building optimizers --------------------------------------------------------------------
 
-OPTIMIZERS = {cls.name: cls for cls in (SGD, Adam, AdamW, RMSProp, AdaGrad, LAMB, MXNetSGD,
-                                         MXNetAdam, MXNetRMSProp, MXNetAdaGrad, MXNetFtrl,
-                                         MXNetSignum, MXNetLAMB)}
+# the kinds written here, then MXNet's, one made from each of runtime/training/optimizers/
+OPTIMIZERS = {cls.name: cls for cls in (SGD, Adam, AdamW, RMSProp, AdaGrad, LAMB)}
+OPTIMIZERS.update(engine_kinds())
 
 
 def create(name: str, **params) -> Optimizer:
@@ -395,6 +394,5 @@ def _optional_bound(owner: str, name: str, value):
     return None if value is None else real_param(owner, name, value, low=0.0)
 
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSProp", "AdaGrad", "LAMB", "MXNetSGD",
-           "MXNetAdam", "MXNetRMSProp", "OPTIMIZERS",
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSProp", "AdaGrad", "LAMB", "OPTIMIZERS",
            "create", "from_spec", "from_state_dict", "read_meta", "clip_global_norm"]

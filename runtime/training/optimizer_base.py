@@ -146,13 +146,18 @@ class Optimizer:
         """The multi-tensor update of :meth:`step_many` (the kinds that have one)."""
         return False
 
+    def _updates_many(self) -> bool:
+        """Whether :meth:`_apply_many` takes this optimizer's steps (asked before any count
+        advances): the kinds that define one."""
+        return type(self)._apply_many is not Optimizer._apply_many
+
     def _many_entries(self, items):
         """(xp, weights, grads, states, lrs, wds, update counts) of ``items`` with their
         counts advanced as ``update`` advances them, or None, nothing changed, where the
         multi-tensor kernels cannot take them (not one GPU, not one float dtype)."""
         weights, grads = [w for _, w, _ in items], [g for _, _, g in items]
         xp = array_module(weights[0])
-        if type(self)._apply_many is Optimizer._apply_many \
+        if not self._updates_many() \
                 or not optimizer_kernels.many_on_gpu(xp, weights[0].dtype, weights + grads):
             return None  # the cheap refusals first: a CPU step comes here every time
         devices = {getattr(getattr(w, "device", None), "id", None) for w in weights + grads}

@@ -99,7 +99,8 @@ MANY_DTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 THREADS = 256
 MAX_BLOCKS = 4096  # a grid-stride loop past that
 
-_FIND_TENSOR = """
+# each thread finds its tensor (also for a rule that reads its own arrays: MXNet's SGD's)
+FIND_TENSOR = """
     int lo = 0, hi = tensors - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
@@ -108,7 +109,7 @@ _FIND_TENSOR = """
     const long long j = i - starts[lo];
 """
 
-_LOCATE = _FIND_TENSOR + """\
+_LOCATE = FIND_TENSOR + """\
     T* w = (T*)weights[lo];
     T g = ((const T*)grads[lo])[j] * rescale;
 #if CLIP
@@ -149,21 +150,6 @@ SGD_SOURCE = _sgd_source("mixrt_sgd_many", """\
 #endif
 """)
 
-# MXNet's SGD (mixrt.optimizers.SGD, what ``Trainer(params, "sgd", ...)`` makes, and the
-# engine's mxnet_sgd) keeps -lr inside its momentum buffer, so its state cannot go through
-# the kernel above. Its step is update_rules' sgd / sgd_mom written as C, which rescales and
-# clips the gradient itself, in MXNet's order: the same text NumPy runs.
-def _mxnet_sgd_source(momentum: bool, clipped: bool) -> str:
-    rule = update_rules.sgd_mom(clipped) if momentum else update_rules.multi_sgd(clipped)
-    pointers = {"weight": "((T*)weights[lo])[j]", "mom": "((T*)buffers[lo])[j]",
-                "grad": "((const T*)grads[lo])[j]"}
-    step = "        const T lr = lrs[lo];\n        const T wd = wds[lo];\n" + \
-        update_rules.cuda_statements(rule, pointers.get, pointers.get)
-    head = _SGD_HEAD.replace("NAME", "mixrt_mxnet_sgd_many").replace(
-        "const T rescale, const T clip", "const T rescale_grad, const T clip_gradient")
-    return update_rules.CUDA_HELPERS + head % {"locate": _FIND_TENSOR} + step + "    }\n}\n"
-
-
 ADAM_SOURCE = """
 extern "C" __global__ void mixrt_adam_many(
         const long long* weights, const long long* grads, const long long* means,
@@ -196,15 +182,25 @@ extern "C" __global__ void mixrt_adam_many(
 
 
 def source(kernel: str, dtype, **flags) -> str:
-    """The CUDA source of ``kernel`` ("sgd", "mxnet_sgd" or "adam") for ``dtype``, ``flags``
-    compiled in (MOMENTUM, NESTEROV, CLIP; MOMENTUM, CLIP; DECOUPLED for AdamW, CLIP)."""
-    if kernel == "mxnet_sgd":
-        body = _mxnet_sgd_source(bool(flags.get("MOMENTUM")), bool(flags.get("CLIP")))
-    else:
-        body = {"sgd": SGD_SOURCE, "adam": ADAM_SOURCE}[kernel] % {"locate": _LOCATE}
+    """The CUDA source of ``kernel`` ("sgd" or "adam") for ``dtype``, ``flags`` compiled in
+    (MOMENTUM, NESTEROV, CLIP; DECOUPLED for AdamW, CLIP). MXNet's SGD's is its definition's
+    (``runtime/training/optimizers/sgd.py``)."""
+    body = {"sgd": SGD_SOURCE, "adam": ADAM_SOURCE}[kernel] % {"locate": _LOCATE}
+    return with_defines(dtype, flags, body)
+
+
+def with_defines(dtype, flags: dict, body: str) -> str:
+    """``body`` after ``#define T`` (the C type of ``dtype``) and each flag as 0 or 1."""
     defines = [f"#define T {MANY_DTYPES[np.dtype(dtype)]}"]
     defines += [f"#define {name} {int(bool(value))}" for name, value in sorted(flags.items())]
     return "\n".join(defines) + "\n" + body
+
+
+def sgd_head(name: str, scalars: str = "const T rescale, const T clip") -> str:
+    """The signature and grid-stride loop of an SGD rule's multi-tensor kernel ``name``,
+    whose last parameters are ``scalars``; the step follows (see ``FIND_TENSOR``)."""
+    return _SGD_HEAD.replace("NAME", name).replace("const T rescale, const T clip", scalars) \
+        .replace("%(locate)s\n", "")
 
 
 def many_on_gpu(xp, dtype, arrays) -> bool:
@@ -220,34 +216,15 @@ def sgd_many(xp, weights, grads, buffers, lrs, wds, *, momentum: float, nesterov
     own lr and wd, after the gradient's rescale and clip."""
     dtype = weights[0].dtype
     flags = dict(MOMENTUM=momentum != 0, NESTEROV=nesterov, CLIP=clip is not None)
-    kernel = _raw(xp, source("sgd", dtype, **flags), "mixrt_sgd_many")
-    tables = [_addresses(xp, weights), _addresses(xp, grads),
-              _addresses(xp, buffers if buffers is not None else weights)]
-    starts, total = _starts(xp, weights)
+    kernel = raw_kernel(xp, source("sgd", dtype, **flags), "mixrt_sgd_many")
+    tables = [addresses(xp, weights), addresses(xp, grads),
+              addresses(xp, buffers if buffers is not None else weights)]
+    starts, total = tensor_starts(xp, weights)
     scalar = dtype.type
-    kernel(_grid(total), (THREADS,), (
-        *tables, starts, _values(xp, lrs, dtype), _values(xp, wds, dtype),
+    kernel(grid(total), (THREADS,), (
+        *tables, starts, value_table(xp, lrs, dtype), value_table(xp, wds, dtype),
         np.int32(len(weights)), np.int64(total), scalar(momentum), scalar(rescale),
         scalar(clip or 0)))
-
-
-def mxnet_sgd_many(xp, weights, grads, moms, lrs, wds, *, momentum: float, rescale: float,
-                   clip: float | None) -> None:
-    """MXNet's ``sgd_mom_update`` (``moms`` given) or ``multi_sgd_update`` (``moms`` None) for
-    every weight at once, each with its own lr and wd, after the gradient's rescale and
-    clip. The hyper-parameters are rounded to float32 first, as MXNet's operators take
-    them."""
-    dtype = weights[0].dtype
-    kernel = _raw(xp, source("mxnet_sgd", dtype, MOMENTUM=moms is not None,
-                             CLIP=clip is not None), "mixrt_mxnet_sgd_many")
-    starts, total = _starts(xp, weights)
-    scalar, f32 = dtype.type, update_rules.as_mxnet_scalar
-    kernel(_grid(total), (THREADS,), (
-        _addresses(xp, weights), _addresses(xp, grads),
-        _addresses(xp, moms if moms is not None else weights), starts,
-        _values(xp, [f32(v) for v in lrs], dtype), _values(xp, [f32(v) for v in wds], dtype),
-        np.int32(len(weights)), np.int64(total), scalar(f32(momentum)), scalar(f32(rescale)),
-        scalar(f32(clip or 0))))
 
 
 def adam_many(xp, weights, grads, means, variances, step_sizes, corrections, wds, *,
@@ -258,37 +235,37 @@ def adam_many(xp, weights, grads, means, variances, step_sizes, corrections, wds
     and 1 - beta2 are worked out here, in double, as the one-weight kernel's are."""
     dtype = weights[0].dtype
     flags = dict(DECOUPLED=decoupled, CLIP=clip is not None)
-    kernel = _raw(xp, source("adam", dtype, **flags), "mixrt_adam_many")
-    starts, total = _starts(xp, weights)
+    kernel = raw_kernel(xp, source("adam", dtype, **flags), "mixrt_adam_many")
+    starts, total = tensor_starts(xp, weights)
     scalar = dtype.type
-    kernel(_grid(total), (THREADS,), (
-        _addresses(xp, weights), _addresses(xp, grads), _addresses(xp, means),
-        _addresses(xp, variances), starts, _values(xp, step_sizes, dtype),
-        _values(xp, corrections, dtype), _values(xp, wds, dtype), np.int32(len(weights)),
-        np.int64(total), scalar(beta1), scalar(1 - beta1), scalar(beta2), scalar(1 - beta2),
-        scalar(epsilon), scalar(rescale), scalar(clip or 0)))
+    kernel(grid(total), (THREADS,), (
+        addresses(xp, weights), addresses(xp, grads), addresses(xp, means),
+        addresses(xp, variances), starts, value_table(xp, step_sizes, dtype),
+        value_table(xp, corrections, dtype), value_table(xp, wds, dtype),
+        np.int32(len(weights)), np.int64(total), scalar(beta1), scalar(1 - beta1),
+        scalar(beta2), scalar(1 - beta2), scalar(epsilon), scalar(rescale), scalar(clip or 0)))
 
 
-def _grid(total: int) -> tuple:
+def grid(total: int) -> tuple:
     return (max(1, min(MAX_BLOCKS, -(-total // THREADS))),)
 
 
 @functools.lru_cache(maxsize=16)
-def _raw(xp, code: str, name: str):
+def raw_kernel(xp, code: str, name: str):
     return xp.RawKernel(code, name, options=(update_rules.FMAD,))
 
 
-def _addresses(xp, arrays):
+def addresses(xp, arrays):
     return _table(xp, tuple(a.data.ptr for a in arrays), np.int64)
 
 
-def _starts(xp, weights) -> tuple:
+def tensor_starts(xp, weights) -> tuple:
     sizes = [w.size for w in weights]
     starts = np.concatenate([[0], np.cumsum(sizes[:-1])]) if sizes else np.zeros(0)
     return _table(xp, tuple(int(s) for s in starts), np.int64), int(sum(sizes))
 
 
-def _values(xp, values, dtype):
+def value_table(xp, values, dtype):
     return _table(xp, tuple(float(v) for v in values), dtype)
 
 

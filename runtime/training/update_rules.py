@@ -1,7 +1,8 @@
-"""MXNet's update rules written once, in text that is both Python and C, so that every path
-that runs one (``mixrt.optimizer_ops`` and ``mixrt.optimizer`` on NumPy or CuPy arrays, the
-engine's ``mxnet_*`` kinds on a parameter server, the multi-tensor CUDA kernels of
-``runtime/training/optimizer_kernels.py``) computes the same operations in the same order.
+"""The language MXNet's update rules are written in, once each, in text that is both Python
+and C (the rules themselves are in ``runtime/training/optimizers/``, one file per optimizer),
+so that every path that runs one (``mixrt.optimizer_ops`` and ``mixrt.optimizer`` on NumPy
+or CuPy arrays, the engine's ``mxnet_*`` kinds on a parameter server, a multi-tensor CUDA
+kernel) computes the same operations in the same order.
 
 A rule is a list of statements ``name = expression``. The expressions use ``+ - * /``,
 parentheses, ``clip(x, bound)`` (MXNet's ``mshadow_op::clip``), ``sqrt``, ``sign``,
@@ -27,7 +28,6 @@ round once instead of twice: the kernels are compiled with ``--fmad=false`` (``F
 from __future__ import annotations
 
 import functools
-import math
 import re
 from dataclasses import dataclass, field
 
@@ -164,9 +164,9 @@ def cuda_statements(rule: Rule, load, store, indent: str = "        ") -> str:
     return "".join(f"{indent}{line}\n" for line in lines)
 
 
-# -- MXNet's rules -------------------------------------------------------------------------
+# -- what the rules of runtime/training/optimizers/ share -----------------------------------
 
-def _gradient(clipped: bool, factor: str) -> str:
+def gradient_term(clipped: bool, factor: str) -> str:
     """``factor`` times the rescaled gradient, in MXNet's order: with clipping
     ``factor * clip(rescale_grad * grad, clip_gradient)``, without ``factor * rescale_grad
     * grad`` (the factor meets rescale_grad first)."""
@@ -175,214 +175,16 @@ def _gradient(clipped: bool, factor: str) -> str:
     return f"{factor} * rescale_grad * grad"
 
 
-def _scalars(clipped: bool, *names: str) -> tuple[str, ...]:
+def scalars(clipped: bool, *names: str) -> tuple[str, ...]:
+    """A rule's scalars: ``names``, then ``rescale_grad`` and, clipped, ``clip_gradient``."""
     return names + ("rescale_grad",) + (("clip_gradient",) if clipped else ())
 
 
-@functools.lru_cache(maxsize=None)
-def sgd(clipped: bool) -> Rule:
-    """MXNet's ``sgd_update`` (SGDKernel)."""
-    return Rule("sgd", ("weight",), ("grad",), _scalars(clipped, "lr", "wd"), (
-        f"weight = (1 - lr * wd) * weight - {_gradient(clipped, 'lr')}",))
-
-
-@functools.lru_cache(maxsize=None)
-def multi_sgd(clipped: bool) -> Rule:
-    """MXNet's ``multi_sgd_update`` (MultiSGDKernel without momentum), which MXNet's SGD
-    optimizer runs on every dense weight, even one alone: the momentum form with a zero
-    buffer and momentum, ``w + (0 * 0 - lr * wd * w - lr * g)``, which rounds otherwise
-    than ``sgd_update``'s ``(1 - lr * wd) * w - lr * g``."""
-    return Rule("multi_sgd", ("weight",), ("grad",), _scalars(clipped, "lr", "wd"), (
-        f"mom = 0 * 0 - lr * wd * weight - {_gradient(clipped, 'lr')}",
-        "weight = weight + mom"))
-
-
-@functools.lru_cache(maxsize=None)
-def sgd_mom(clipped: bool) -> Rule:
-    """MXNet's ``sgd_mom_update`` (SGDMomKernel; multi_sgd_mom_update's is the same):
-    ``-lr`` lives inside the momentum buffer."""
-    return Rule("sgd_mom", ("weight", "mom"), ("grad",),
-                _scalars(clipped, "lr", "wd", "momentum"), (
-                    f"mom = momentum * mom - lr * wd * weight - {_gradient(clipped, 'lr')}",
-                    "weight = weight + mom"))
-
-
-@functools.lru_cache(maxsize=None)
-def nag_mom(clipped: bool, in_place: bool) -> Rule:
-    """MXNet's ``nag_mom_update`` (NAGMomKernel). The kernel writes the new weight before it
-    updates the momentum, which reads the weight again: in place (``out`` is the weight, as
-    in MXNet's NAG optimizer) it reads the new one."""
-    g = "clip(rescale_grad * grad, clip_gradient)" if clipped else "rescale_grad * grad"
-    return Rule("nag_mom", ("weight", "mom"), ("grad",),
-                _scalars(clipped, "lr", "wd", "momentum"), (
-                    "mom = momentum * mom",
-                    f"out = weight - mom + (momentum + 1) * (mom - lr * ({g} + wd * weight))",
-                    *(("weight = out",) if in_place else ()),
-                    f"mom = mom - lr * ({g} + wd * weight)"))
-
-
-@functools.lru_cache(maxsize=None)
-def adam(clipped: bool) -> Rule:
-    """MXNet's ``adam_update`` (AdamUpdateKernel): weight decay joins the gradient before
-    clipping; ``lr`` comes bias-corrected by the optimizer; epsilon after the square root."""
-    return Rule("adam", ("weight", "mean", "var"), ("grad",),
-                _scalars(clipped, "lr", "wd", "beta1", "beta2", "epsilon"), (
-                    "g = grad * rescale_grad + weight * wd",
-                    *(("g = clip(g, clip_gradient)",) if clipped else ()),
-                    "mean = beta1 * mean + (1 - beta1) * g",
-                    "var = beta2 * var + (1 - beta2) * g * g",
-                    "weight = weight - lr * mean / (sqrt(var) + epsilon)"))
-
-
-@functools.lru_cache(maxsize=None)
-def rmsprop(clipped: bool, clipped_weights: bool) -> Rule:
-    """MXNet's ``rmsprop_update`` (RMSPropUpdateKernel, Tieleman and Hinton): epsilon inside
-    the square root; ``clip_weights`` clips the new weight."""
-    return Rule("rmsprop", ("weight", "n"), ("grad",),
-                _scalars(clipped, "lr", "wd", "gamma1", "epsilon")
-                + (("clip_weights",) if clipped_weights else ()), (
-                    "g = rescale_grad * grad + wd * weight",
-                    *(("g = clip(g, clip_gradient)",) if clipped else ()),
-                    "n = (1 - gamma1) * (g * g) + gamma1 * n",
-                    "weight = weight - lr * (g / sqrt(n + epsilon))",
-                    *(("weight = clip(weight, clip_weights)",) if clipped_weights else ())))
-
-
-@functools.lru_cache(maxsize=None)
-def rmsprop_centered(clipped: bool, clipped_weights: bool) -> Rule:
-    """MXNet's ``rmspropalex_update`` (RMSPropAlexUpdateKernel, Graves 2013): running means
-    of ``g * g`` (``n``) and of ``g`` (``g``); the step ``delta`` keeps a momentum
-    ``gamma2``. Its square is ``(1 - gamma1) * g * g``, left to right, unlike
-    ``rmsprop``'s ``(1 - gamma1) * (g * g)``."""
-    return Rule("rmsprop_centered", ("weight", "n", "g", "delta"), ("grad",),
-                _scalars(clipped, "lr", "wd", "gamma1", "gamma2", "epsilon")
-                + (("clip_weights",) if clipped_weights else ()), (
-                    "rescaled = rescale_grad * grad + wd * weight",
-                    *(("rescaled = clip(rescaled, clip_gradient)",) if clipped else ()),
-                    "n = (1 - gamma1) * rescaled * rescaled + gamma1 * n",
-                    "g = (1 - gamma1) * rescaled + gamma1 * g",
-                    "delta = gamma2 * delta - lr * rescaled / sqrt(n - g * g + epsilon)",
-                    "weight = weight + delta",
-                    *(("weight = clip(weight, clip_weights)",) if clipped_weights else ())))
-
-
-def _rescaled_first(clipped: bool) -> tuple[str, ...]:
+def rescaled_first(clipped: bool) -> tuple[str, ...]:
     """``g = grad * rescale_grad``, clipped: the gradient first (FTRL's, LAMB's and the
     NDArray arithmetic of AdaGrad's Python)."""
     return ("g = grad * rescale_grad",) + (("g = clip(g, clip_gradient)",) if clipped else ())
 
 
-@functools.lru_cache(maxsize=None)
-def adagrad(clipped: bool) -> Rule:
-    """MXNet's AdaGrad optimizer on a dense gradient, which its Python writes as NDArray
-    operations (``history[:] += square(grad)``; ``div = grad / sqrt(history + eps)``;
-    ``weight[:] += (div + weight * wd) * -lr``): their scalars are doubles cast to the
-    dtype, not C floats; the clip bound is (``clip``'s ``real_t``)."""
-    return Rule("adagrad", ("weight", "history"), ("grad",),
-                _scalars(clipped, "lr", "wd", "epsilon"), (
-                    *_rescaled_first(clipped),
-                    "history = history + g * g",
-                    "div = g / sqrt(history + epsilon)",
-                    "weight = weight + (div + weight * wd) * -lr"))
-
-
-@functools.lru_cache(maxsize=None)
-def ftrl(clipped: bool) -> Rule:
-    """MXNet's ``ftrl_update`` (FtrlUpdateKernel, McMahan et al. 2013): ``z`` and ``n``
-    accumulate; the weight is solved afresh from them, 0 where ``|z| <= lamda1``."""
-    return Rule("ftrl", ("weight", "z", "n"), ("grad",),
-                _scalars(clipped, "lr", "wd", "lamda1", "beta"), (
-                    *_rescaled_first(clipped),
-                    "z = z + (g - (sqrt(n + g * g) - sqrt(n)) * weight / lr)",
-                    "n = n + g * g",
-                    "weight = (sign(z) * lamda1 - z) / ((beta + sqrt(n)) / lr + wd)"
-                    " * greater(absolute(z), lamda1)"))
-
-
-@functools.lru_cache(maxsize=None)
-def signsgd() -> Rule:
-    """MXNet's ``signsgd_update`` (SignSGDKernel): the gradient's sign only, so rescaling
-    and clipping change nothing."""
-    return Rule("signsgd", ("weight",), ("grad",), ("lr", "wd"), (
-        "weight = (1 - lr * wd) * weight - lr * sign(grad)",))
-
-
-@functools.lru_cache(maxsize=None)
-def signum(clipped: bool) -> Rule:
-    """MXNet's ``signum_update`` (SignumKernel): the momentum of ``-(wd * w + g)`` scaled
-    by ``1 - momentum``, term by term; ``wd_lh`` decays the weight apart."""
-    g = "clip(rescale_grad * grad, clip_gradient)" if clipped else "rescale_grad * grad"
-    return Rule("signum", ("weight", "mom"), ("grad",),
-                _scalars(clipped, "lr", "wd", "momentum", "wd_lh"), (
-                    f"mom = momentum * mom - (1 - momentum) * wd * weight"
-                    f" - (1 - momentum) * {g}",
-                    "weight = (1 - lr * wd_lh) * weight + lr * sign(mom)"))
-
-
-@functools.lru_cache(maxsize=None)
-def lamb_direction(clipped: bool, bias_correction: bool) -> Rule:
-    """MXNet's ``lamb_update_phase1`` (LambUpdatePhaseOneKernel): Adam's moments and the
-    direction ``direction`` (the weight is read, not written). ``beta1_t`` and ``beta2_t``
-    are ``std::pow(beta, t)`` in the dtype; the first correction divides by the double
-    ``1. - beta1_t`` (a double literal in MXNet's kernel), the second in the dtype."""
-    corrected = ("mean_hat = narrowed(widened(mean) / (1 - widened(beta1_t)))",
-                 "var_hat = var / (1 - beta2_t)",
-                 "direction = mean_hat / (sqrt(var_hat) + epsilon) + wd * weight")
-    plain = ("direction = mean / (sqrt(var) + epsilon) + wd * weight",)
-    return Rule("lamb_direction", ("weight", "mean", "var"), ("grad",),
-                _scalars(clipped, "wd", "beta1", "beta2", "beta1_t", "beta2_t", "epsilon"), (
-                    *_rescaled_first(clipped),
-                    "mean = beta1 * mean + (1 - beta1) * g",
-                    "var = beta2 * var + (1 - beta2) * g * g",
-                    *(corrected if bias_correction else plain)))
-
-
-LAMB_STEP = Rule("lamb_step", ("weight",), ("direction",), ("lr", "r1", "r2"), (
-    "rate = lr * r1 / r2",  # LambUpdatePhaseTwoKernel: the rate in the dtype, then the step
-    "weight = weight - rate * direction"))
-
-
-def lamb_power(beta: float, t: int, dtype) -> float:
-    """``std::pow(beta, t)`` of LAMB's first phase (the C float ``beta`` raised in double,
-    as C++ promotes it), in the weight's dtype."""
-    return float(np.dtype(dtype).type(as_mxnet_scalar(beta) ** int(t)))
-
-
-def lamb_norm(xp, array) -> float:
-    """The L2 norm of LAMB's trust ratio, as mixrt computes it wherever LAMB runs (in this
-    process and on a server: the same NumPy reduction in the same order, so the same bits):
-    the squares summed in float32 over the flattened array, then the square root. A GPU's
-    reduction (CuPy's) adds in another order."""
-    values = xp.ascontiguousarray(array, dtype=np.float32).reshape(-1)
-    return float(xp.sqrt((values * values).sum()))  # float32 throughout
-
-
-def lamb_trust_step(xp, weight, direction, lr, r1: float, r2: float, lower_bound=None,
-                    upper_bound=None):
-    """``lamb_update_phase2`` in place on ``weight``: ``r1`` (the weight's norm) held to the
-    bounds MXNet's Python passes (those set and > 0), the rate ``lr * r1 / r2`` in the
-    dtype, ``lr`` alone where either norm is 0."""
-    dtype = weight.dtype.type
-    r1 = dtype(r1)
-    if lower_bound is not None and lower_bound > 0:
-        r1 = max(r1, dtype(as_mxnet_scalar(lower_bound)))
-    if upper_bound is not None and upper_bound > 0:
-        r1 = min(r1, dtype(as_mxnet_scalar(upper_bound)))
-    if r1 == 0 or r2 == 0:
-        r1, r2 = 1.0, 1.0  # lr * 1 / 1 is lr, as the kernel's ``lr * 1.0f``
-    run(LAMB_STEP, xp, weight.dtype, {"weight": weight}, {"direction": direction},
-        {"lr": as_mxnet_scalar(lr), "r1": float(r1), "r2": float(dtype(r2))})
-
-
-def mxnet_adam_rate(lr: float, beta1: float, beta2: float, t: int) -> float:
-    """MXNet's Adam optimizer folds the bias corrections into the rate, in Python floats
-    (``lr *= math.sqrt(coef2) / coef1``: math.sqrt is correctly rounded, ``** 0.5`` need
-    not be)."""
-    return lr * (math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t))
-
-
 __all__ = ["Rule", "run", "mxnet_step", "mxnet_values", "cuda_statements", "CUDA_HELPERS",
-           "FMAD", "as_mxnet_scalar", "sgd", "multi_sgd", "sgd_mom", "nag_mom", "adam",
-           "rmsprop", "mxnet_adam_rate", "rmsprop_centered", "adagrad", "ftrl", "signsgd",
-           "signum", "lamb_direction", "LAMB_STEP", "lamb_power", "lamb_norm",
-           "lamb_trust_step"]
+           "FMAD", "as_mxnet_scalar", "gradient_term", "scalars", "rescaled_first"]

@@ -1,7 +1,7 @@
 """RawKernel on the fake: CUDA C it cannot compile is refused, except mixrt's multi-tensor
 optimizer kernels (runtime/training/optimizer_kernels.py), which the fake runs as NumPy
 written here from the update rules (torch.optim's SGD and Adam/AdamW; MXNet's SGD from
-runtime/training/update_rules.py itself), reading the weights, gradients and
+its rule text itself, runtime/training/optimizers/sgd.py), reading the weights, gradients and
 states at the addresses in the kernel's tables (host memory, on the fake). So the tables,
 the per-tensor scalars and the arguments' order are checked; the CUDA C is compiled by
 NVRTC in tests/test_optimizer.py, run for the host by tests/test_optimizer_parity.py
@@ -16,6 +16,7 @@ import numpy as _np
 
 from cupy._core import ndarray, unwrap
 from mixrt.runtime.training import update_rules
+from mixrt.runtime.training.optimizers import sgd as mxnet_sgd
 
 launches: dict = {}  # kernel name -> launches so far (tests count them)
 
@@ -80,8 +81,7 @@ def _mxnet_sgd(flags, weights, grads, moms, starts, lrs, wds, tensors, total, mo
     itself."""
     dtype = lrs.dtype
     clipped = bool(flags["CLIP"])
-    rule = update_rules.sgd_mom(clipped) if flags["MOMENTUM"] else \
-        update_rules.multi_sgd(clipped)
+    rule = mxnet_sgd.sgd_mom(clipped) if flags["MOMENTUM"] else mxnet_sgd.multi_sgd(clipped)
     for k, count in enumerate(_tensors(starts[:tensors], total)):
         arrays = {"weight": _at(weights[k], count, dtype)}
         if flags["MOMENTUM"]:
