@@ -157,16 +157,15 @@ def nvrtc_compile(source: str) -> tuple[int, str]:
 
 def kernel_source(kernel: str, dtype, **flags) -> str:
     """The CUDA C of a multi-tensor optimizer kernel: "sgd" and "adam" (the engine's
-    PyTorch-style kinds), "mxnet_sgd" (MXNet's SGD's definition)."""
-    if kernel == "mxnet_sgd":
-        from mixrt.runtime.training.optimizers import sgd
-        return sgd.source(dtype, **flags)
-    from mixrt.runtime.training import optimizer_kernels
-    return optimizer_kernels.source(kernel, dtype, **flags)
+    PyTorch-style kinds, ``torch_sgd.py`` and ``torch_adam.py``), "mxnet_sgd" (MXNet's
+    SGD's definition, ``sgd.py``)."""
+    from mixrt.runtime.training.optimizers import sgd, torch_adam, torch_sgd
+    module = {"sgd": torch_sgd, "adam": torch_adam, "mxnet_sgd": sgd}[kernel]
+    return module.source(dtype, **flags)
 
 
 def counted_optimizer_launches(monkeypatch) -> list:
-    """The names of the multi-tensor optimizer kernels (runtime/training/optimizer_kernels.py)
+    """The names of the multi-tensor optimizer kernels (runtime/training/optimizers/)
     launched from now on, in order, in the list returned."""
     from mixrt.runtime.training import optimizer_kernels
     launches: list = []

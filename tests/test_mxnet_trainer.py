@@ -179,7 +179,7 @@ def _sgd_trained(ctx, steps=3, **options):
     {"learning_rate": 0.05, "wd": 0.1}], ids=["momentum_clip", "plain"])
 def test_mxnets_sgd_on_a_gpu_updates_every_weight_in_one_launch(options, monkeypatch):
     """Trainer(params, "sgd") on a GPU: each step's updates are one multi-tensor launch
-    (runtime/training/optimizer_kernels.py's MXNet rule) and give the CPU's weights."""
+    (runtime/training/optimizers/sgd.py's MXNet rule) and give the CPU's weights."""
     from mixrt.ops.device import gpu_available
     if not gpu_available():
         pytest.skip("no CUDA GPU (or no CuPy)")

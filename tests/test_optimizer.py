@@ -504,19 +504,19 @@ def test_cupy_matches_numpy_and_checkpoints_move_between_devices(name, params):
     ("adam", dict(learning_rate=0.01, wd=0.1)), ("adamw", dict(learning_rate=0.01, wd=0.1))])
 def test_a_gpu_update_is_one_launch_per_parameter(name, params, monkeypatch):
     """SGD, Adam and AdamW update each weight and its state in one kernel on a GPU
-    (runtime/training/optimizer_kernels.py), where their array expressions launched 6-12."""
+    (each one's ``one_launch``), where their array expressions launched 6-12."""
     cupy = pytest.importorskip("cupy")
     from mixrt.ops.device import gpu_available
     from mixrt.runtime.training import optimizer_kernels
     if not gpu_available():
         pytest.skip("no CUDA GPU")
     launches = []
-    compiled = optimizer_kernels._compiled
+    compiled = optimizer_kernels.compiled_elementwise
 
     def counted(*args):
         kernel = compiled(*args)
         return lambda *arrays: (launches.append(args[-1]), kernel(*arrays))[1]
-    monkeypatch.setattr(optimizer_kernels, "_compiled", counted)
+    monkeypatch.setattr(optimizer_kernels, "compiled_elementwise", counted)
     weights, grads = random_problem(seed=3, steps=2, dtype=np.float32)
     expected = run(optimizer.create(name, **params), weights, grads)
     result = run(optimizer.create(name, **params), [cupy.asarray(w) for w in weights],

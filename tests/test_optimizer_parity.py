@@ -5,9 +5,9 @@
 * on a parameter server: what ``kvstore/dist/server.py`` runs, the engine optimizer rebuilt
   from the spec the worker sends (``mxnet_sgd`` and ``mxnet_adam`` for MXNet's kinds);
   tests/kvstore/test_dist.py runs one with real processes;
-* on a GPU: the kernels' CUDA C (``runtime/training/optimizer_kernels.py``: the multi-tensor
-  RawKernels and the one-weight ElementwiseKernels' bodies), compiled here for the host by
-  the C++ compiler with every product and sum rounded alone (as NVRTC's ``--fmad=false``
+* on a GPU: the kernels' CUDA C (each optimizer's, in ``runtime/training/optimizers/``: the
+  multi-tensor RawKernels and the one-weight ElementwiseKernels' bodies), compiled here for
+  the host by the C++ compiler with every product and sum rounded alone (as NVRTC's ``--fmad=false``
   has them) and run on host memory, against the CPU's steps. The engine's own kinds
   (PyTorch's rules) are checked the same way. A real GPU's run of the same comparison
   waits for a machine with one (tests/test_optimizer.py compares CuPy with NumPy there).
@@ -35,7 +35,8 @@ from mixrt import autograd, gluon, lr_scheduler, nd
 from mixrt.base.errors import OptimizerError
 from mixrt.runtime.training import optimizer as engine
 from mixrt.runtime.training import optimizer_kernels, update_rules
-from mixrt.runtime.training.optimizers import adagrad, ftrl, lamb, rmsprop, signum
+from mixrt.runtime.training.optimizers import (adagrad, ftrl, lamb, rmsprop, signum,
+                                                torch_adam, torch_sgd)
 
 DTYPES = [np.float32, np.float64]
 STEPS = 6
@@ -409,7 +410,7 @@ def test_every_kernel_is_built_without_fused_multiply_adds(monkeypatch):
     monkeypatch.setattr(HostModule, "RawKernel", record, raising=False)
     monkeypatch.setattr(HostModule, "ElementwiseKernel", record, raising=False)
     optimizer_kernels.raw_kernel.__wrapped__(HOST, "code", "name")
-    optimizer_kernels._compiled.__wrapped__(HOST, "T g", "T w", "w = g;", "name")
+    optimizer_kernels.compiled_elementwise.__wrapped__(HOST, "T g", "T w", "w = g;", "name")
     assert made == [(update_rules.FMAD,)] * 2
 
 
@@ -499,10 +500,10 @@ def _one_weight_sources():
     for momentum, nesterov, wd in itertools.product((0.0, 0.9), (False, True), (0.0, 0.1)):
         if nesterov and not momentum:
             continue
-        optimizer_kernels.sgd(recorder, w, w, w if momentum else None, 0.1, wd, momentum,
+        torch_sgd.one_launch(recorder, w, w, w if momentum else None, 0.1, wd, momentum,
                               nesterov)
     for wd, decay in ((0.0, None), (0.1, None), (0.0, 0.99)):
-        optimizer_kernels.adam(recorder, w, w, w, w, step_size=0.1, correction=0.9,
+        torch_adam.one_launch(recorder, w, w, w, w, step_size=0.1, correction=0.9,
                                beta1=0.9, beta2=0.99, epsilon=1e-8, wd=wd, decay=decay)
     for (inputs, outputs, body), dtype in itertools.product(bodies, DTYPES):
         names = [p.split()[-1] for p in f"{inputs}, {outputs}".split(",")]
@@ -529,5 +530,5 @@ def test_nvrtc_rounds_every_product_and_sum_of_the_kernels_alone():
         assert operations, source
         assert all(".rn." in op and not op.startswith("fma") for op in operations), (
             sorted(set(operations)), source)
-    adam = optimizer_kernels.source("adam", np.float32, DECOUPLED=0, CLIP=0)
+    adam = torch_adam.source(np.float32, DECOUPLED=0, CLIP=0)
     assert any(op.startswith("fma") for op in _float_operations(_ptx(adam)))

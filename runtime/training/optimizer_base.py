@@ -132,9 +132,9 @@ class Optimizer:
 
     def step_many(self, items) -> None:
         """``step`` for each ``(key, weight, grad)``, in order. On a GPU, sgd, adam and adamw
-        update every weight of one device and float dtype in one launch
-        (``runtime/training/optimizer_kernels.py``), each with the lr, wd and update count ``step``
-        would give it; the other kinds, and arrays those kernels do not take, step one by
+        update every weight of one device and float dtype in one launch (each kind's
+        ``many`` in ``runtime/training/optimizers/``), each with the lr, wd and update count
+        ``step`` would give it; the other kinds, and arrays those kernels do not take, step one by
         one."""
         items = list(items)
         entries = self._many_entries(items) if len(items) > 1 else None
@@ -283,6 +283,11 @@ def _key(key) -> str:
     return str(key)
 
 
+def with_l2(grad, weight, wd):
+    """The gradient with L2 weight decay added (a new array: ``grad`` is never changed)."""
+    return grad + wd * weight if wd else grad
+
+
 def _flag(owner: str, name: str, value) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise OptimizerError(f"{owner}: {name} must be True or False, got {value!r}")
@@ -322,4 +327,4 @@ def _state_like(key: str, state: dict, weight) -> dict:
                 for slot, v in state.items()}
 
 
-__all__ = ["Optimizer", "STATE_FORMAT", "read_meta"]
+__all__ = ["Optimizer", "STATE_FORMAT", "read_meta", "with_l2"]

@@ -1,10 +1,16 @@
-"""MXNet's optimizers, one file each: a module of this package that defines ``DEFINITION``
-(``definition.Definition``) is an optimizer, found here by its file alone. From each
-definition come the engine's ``mxnet_<name>`` kind (``engine_kind.py``; what a parameter
-server rebuilds from a spec), the nd update operators ``mixrt.optimizer_ops`` offers, and
-the state and spec of MXNet's class of that name in ``mixrt/optimizers/``.
+"""The optimizers, one file each, found here by their files alone.
 
-``definition.py`` and ``engine_kind.py`` are the machinery; every other module is one
+A module that defines ``DEFINITION`` (``definition.Definition``) is one of MXNet's
+optimizers: its rules, hyper-parameters, state slots, engine step, GPU launch and nd
+operators. From it come the engine's ``mxnet_<name>`` kind (``engine_kind.py``; what a
+parameter server rebuilds from a spec), the nd update operators ``mixrt.optimizer_ops``
+offers, and the state and spec of MXNet's class of that name in ``mixrt/optimizers/``.
+
+A module that defines ``KINDS`` holds engine kinds written as classes, with their GPU
+launches: the ``torch_*`` modules, PyTorch's rules (``sgd``, ``adam``, ``adamw``,
+``rmsprop``, ``adagrad``, ``lamb``).
+
+``definition.py`` and ``engine_kind.py`` are the machinery; every other module is an
 optimizer.
 """
 
@@ -20,15 +26,18 @@ _MACHINERY = {"definition", "engine_kind"}
 
 
 @functools.lru_cache(maxsize=None)
+def _modules() -> tuple:
+    """Every optimizer module of this package, in the order of their names."""
+    return tuple(importlib.import_module(f"{__name__}.{name}")
+                 for name in sorted(info.name for info in pkgutil.iter_modules(__path__))
+                 if name not in _MACHINERY)
+
+
+@functools.lru_cache(maxsize=None)
 def definitions() -> dict:
-    """Every optimizer definition of this package, by MXNet's name."""
-    found = {}
-    for module in sorted(info.name for info in pkgutil.iter_modules(__path__)):
-        if module in _MACHINERY:
-            continue
-        definition = importlib.import_module(f"{__name__}.{module}").DEFINITION
-        found[definition.name] = definition
-    return found
+    """Every definition of MXNet's optimizers here, by MXNet's name."""
+    found = (module.DEFINITION for module in _modules() if hasattr(module, "DEFINITION"))
+    return {definition.name: definition for definition in found}
 
 
 def definition(name: str):
@@ -38,8 +47,11 @@ def definition(name: str):
 
 @functools.lru_cache(maxsize=None)
 def engine_kinds() -> dict:
-    """The engine kinds made from the definitions with an engine step, by spec name."""
-    return {d.engine_name: engine_kind(d) for d in definitions().values() if d.step}
+    """Every engine kind by its spec name: those written as classes (a module's ``KINDS``),
+    then one made from each definition with an engine step."""
+    kinds = {kind.name: kind for module in _modules() for kind in getattr(module, "KINDS", ())}
+    kinds.update({d.engine_name: engine_kind(d) for d in definitions().values() if d.step})
+    return kinds
 
 
 __all__ = ["definitions", "definition", "engine_kinds"]

@@ -1,5 +1,5 @@
 """RawKernel on the fake: CUDA C it cannot compile is refused, except mixrt's multi-tensor
-optimizer kernels (runtime/training/optimizer_kernels.py), which the fake runs as NumPy
+optimizer kernels (runtime/training/optimizers/: torch_sgd, torch_adam, sgd), which the fake runs as NumPy
 written here from the update rules (torch.optim's SGD and Adam/AdamW; MXNet's SGD from
 its rule text itself, runtime/training/optimizers/sgd.py), reading the weights, gradients and
 states at the addresses in the kernel's tables (host memory, on the fake). So the tables,
