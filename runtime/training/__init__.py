@@ -5,11 +5,12 @@
   joint forward+backward graph (``TrainingProgram``);
 * ``mixed_precision.py``: a graph rewritten to compute in float16 or bfloat16, and the loss
   scaler;
-* ``optimizer.py``: the optimizers' kinds and the functions that build one by name, over
-  ``optimizer_base.py`` (hyper-parameters, update counts, checkpoints);
-  ``optimizer_mxnet_rules.py`` (the kinds that run MXNet's own rules); ``update_rules.py``
-  (those rules, written once as text that is both Python and C); ``optimizer_kernels.py``
-  (each update as one CuPy launch on a GPU);
+* ``optimizers/``: every optimizer, one file each (MXNet's as definitions, from which the
+  engine's ``mxnet_*`` kinds, the nd update operators and MXNet's classes are made or read;
+  PyTorch's rules as the ``torch_*`` kinds), with their GPU launches; ``optimizer.py``
+  builds a kind by name, over ``optimizer_base.py`` (hyper-parameters, update counts,
+  checkpoints); ``update_rules.py`` is the language MXNet's rules are written in, both
+  Python and C; ``optimizer_kernels.py`` what the GPU launches share;
 * ``lr_scheduler.py``: learning-rate schedules.
 
 The frontends (``mixrt.optimizer``, ``mixrt.gluon.Trainer``, ``Module``), the KVStore's

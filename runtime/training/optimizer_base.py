@@ -1,8 +1,8 @@
 """The base of the engine's optimizers (``runtime/training/optimizer.py``): the
 hyper-parameters every kind shares, the per-key update counts and learning rate, ``spec()``,
-and the checkpoints ``state_dict()`` writes and ``read_meta`` checks. The kinds and the
-functions that build one by name are in ``runtime/training/optimizer.py``; MXNet's own rules
-in ``runtime/training/optimizer_mxnet_rules.py``.
+and the checkpoints ``state_dict()`` writes and ``read_meta`` checks. The kinds are the files
+of ``runtime/training/optimizers/``; the functions that build one by name are in
+``runtime/training/optimizer.py``.
 """
 
 from __future__ import annotations
