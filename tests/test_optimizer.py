@@ -591,3 +591,28 @@ def test_the_multi_tensor_kernels_compile(kernel, flags, dtype):
     to compile; a GPU run checks what they compute)."""
     status, log = nvrtc_compile(kernel_source(kernel, dtype, **flags))
     assert status == 0, log
+
+
+@pytest.mark.gpu
+def test_a_kind_without_a_multi_tensor_form_counts_each_gpu_step_once(monkeypatch):
+    """MXNet's NAG on a server (``mxnet_sgd`` with nesterov) has no multi-tensor form: on a
+    GPU its step_many steps weight by weight, each update counted once (it was counted twice,
+    the counts advanced for the multi-tensor launch it then declined), so a schedule reads
+    the right ``num_update``."""
+    cupy = pytest.importorskip("cupy")
+    from mixrt.ops.device import gpu_available
+    if not gpu_available():
+        pytest.skip("no CUDA GPU")
+    launches = counted_optimizer_launches(monkeypatch)
+    weights, grads = random_problem(seed=4, steps=3)
+    params = {"momentum": 0.9, "nesterov": True, "learning_rate": 0.1}
+    expected = optimizer.create("mxnet_sgd", **params)
+    on_the_cpu = run(expected, weights, grads)
+    nag = optimizer.create("mxnet_sgd", **params)
+    result = run_many(nag, [cupy.asarray(w) for w in weights],
+                      [[cupy.asarray(g) for g in step] for step in grads])
+    assert not launches
+    assert nag.counts == expected.counts == {str(k): 3 for k in range(len(weights))}
+    assert nag.num_update == 3
+    for mine, reference in zip(result, on_the_cpu):
+        np.testing.assert_allclose(cupy.asnumpy(mine), reference, rtol=1e-6)
