@@ -40,11 +40,6 @@ def definitions() -> dict:
     return {definition.name: definition for definition in found}
 
 
-def definition(name: str):
-    """The definition of MXNet's optimizer ``name`` (``"sgd"``, ``"adam"``, ...)."""
-    return definitions()[name]
-
-
 @functools.lru_cache(maxsize=None)
 def engine_kinds() -> dict:
     """Every engine kind by its spec name: those written as classes (a module's ``KINDS``),
@@ -54,4 +49,4 @@ def engine_kinds() -> dict:
     return kinds
 
 
-__all__ = ["definitions", "definition", "engine_kinds"]
+__all__ = ["definitions", "engine_kinds"]

@@ -121,9 +121,10 @@ class Definition:
 
 # -- what steps share ----------------------------------------------------------------------
 
-def clips(params) -> bool:
-    """Whether an operator's ``clip_gradient`` clips (MXNet: when >= 0)."""
-    bound = params.get("clip_gradient")
+def clips(params, name: str = "clip_gradient") -> bool:
+    """Whether an operator's ``clip_gradient`` (or another bound ``name``: RMSProp's
+    ``clip_weights``, FTML's ``clip_grad``) clips (MXNet: when >= 0)."""
+    bound = params.get(name)
     return bound is not None and bound >= 0
 
 

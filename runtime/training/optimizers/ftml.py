@@ -3,7 +3,8 @@ the first update). MXNet's class runs in the worker's process only: it has no en
 
 from __future__ import annotations
 
-from mixrt.runtime.training.optimizers.definition import REQUIRED, Definition, Operator
+from mixrt.runtime.training.optimizers.definition import (REQUIRED, Definition, Operator,
+                                                          clips)
 from mixrt.runtime.training.update_rules import as_mxnet_scalar as f32
 
 
@@ -11,7 +12,7 @@ def _with_decay(xp, weight, grad, params):
     """``rescale_grad * g + wd * w``, then clipped (FTML's order)."""
     g = grad.astype(weight.dtype, copy=False) * f32(params["rescale_grad"]) \
         + f32(params["wd"]) * weight
-    if params["clip_grad"] >= 0:
+    if clips(params, "clip_grad"):
         g = xp.clip(g, -f32(params["clip_grad"]), f32(params["clip_grad"]))
     return g
 

@@ -43,18 +43,13 @@ def rmsprop_centered(clipped: bool, clipped_weights: bool) -> rules.Rule:
                             else ())))
 
 
-def _clips_weights(params) -> bool:
-    bound = params.get("clip_weights")
-    return bound is not None and bound >= 0
-
-
 def _step(xp, weight, reads, states, params, in_place):
-    rule = rmsprop(clips(params), _clips_weights(params))
+    rule = rmsprop(clips(params), clips(params, "clip_weights"))
     return rules.mxnet_step(rule, xp, weight, reads["grad"], states, **params)
 
 
 def _centered_step(xp, weight, reads, states, params, in_place):
-    rule = rmsprop_centered(clips(params), _clips_weights(params))
+    rule = rmsprop_centered(clips(params), clips(params, "clip_weights"))
     return rules.mxnet_step(rule, xp, weight, reads["grad"], states, **params)
 
 

@@ -75,6 +75,9 @@ def _plain_step(rule):
     return step
 
 
+_SGD_STEP, _MULTI_SGD_STEP = _plain_step(sgd), _plain_step(multi_sgd)
+
+
 def _momentum_step(xp, weight, reads, states, params, in_place):
     return rules.mxnet_step(sgd_mom(clips(params)), xp, weight, reads["grad"], states,
                             **params)
@@ -88,7 +91,7 @@ def _nag_step(xp, weight, reads, states, params, in_place):
 def _engine_step(kind, xp, weight, grad, state, lr, wd, t):
     params = dict(lr=lr, wd=wd, **common(kind))
     if not kind.momentum:  # MXNet's SGD: its multi-tensor operator; NAG: sgd_update
-        step = _plain_step(sgd if kind.nesterov else multi_sgd)
+        step = _SGD_STEP if kind.nesterov else _MULTI_SGD_STEP
         return step(xp, weight, {"grad": grad}, {}, params, False)
     step = _nag_step if kind.nesterov else _momentum_step
     return step(xp, weight, {"grad": grad}, state, dict(params, momentum=kind.momentum), True)
@@ -153,16 +156,16 @@ DEFINITION = Definition(
     step_many=_engine_step_many,
     takes_many=lambda kind: not kind.nesterov,  # MXNet's NAG has no multi-tensor form
     operators=(
-        Operator("sgd_update", (), _PLAIN, _plain_step(sgd), lazy="flag"),
+        Operator("sgd_update", (), _PLAIN, _SGD_STEP, lazy="flag"),
         Operator("sgd_mom_update", ("mom",), _MOMENTUM, _momentum_step, lazy="flag",
                  multi="multi_sgd_mom_update"),
-        Operator("mp_sgd_update", (), _PLAIN, _plain_step(sgd), master=True, lazy="flag"),
+        Operator("mp_sgd_update", (), _PLAIN, _SGD_STEP, master=True, lazy="flag"),
         Operator("mp_sgd_mom_update", ("mom",), _MOMENTUM, _momentum_step, master=True,
                  lazy="flag", multi="multi_mp_sgd_mom_update"),
         Operator("nag_mom_update", ("mom",), _MOMENTUM, _nag_step),
         Operator("mp_nag_mom_update", ("mom",), _MOMENTUM, _nag_step, master=True),
         # one weight of MXNet's multi_sgd_update (not MXNet's name: its operator takes lists)
-        Operator("one_multi_sgd_update", (), _PLAIN, _plain_step(multi_sgd), lazy="flag",
+        Operator("one_multi_sgd_update", (), _PLAIN, _MULTI_SGD_STEP, lazy="flag",
                  multi="multi_sgd_update"),
-        Operator("one_multi_mp_sgd_update", (), _PLAIN, _plain_step(multi_sgd), master=True,
+        Operator("one_multi_mp_sgd_update", (), _PLAIN, _MULTI_SGD_STEP, master=True,
                  lazy="flag", multi="multi_mp_sgd_update")))
