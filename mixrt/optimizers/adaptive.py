@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from mixrt.base.errors import OptimizerError
 from mixrt.ops.device import array_module
-from mixrt.optimizers.base import Optimizer, register
-from mixrt.optimizers.sgd import zeros_like
+from mixrt.optimizers.base import Optimizer, register, zeros_like
 from mixrt.runtime.training.optimizers import adagrad, adam, definitions
 
 

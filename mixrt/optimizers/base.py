@@ -112,7 +112,7 @@ class Optimizer(engine.Optimizer):
         slots = () if self.definition is None else self.definition.slots(self.engine_hyper())
         if not slots:
             return None
-        arrays = tuple(nd.zeros(weight.shape, weight.ctx, dtype=weight.dtype) for _ in slots)
+        arrays = tuple(zeros_like(weight) for _ in slots)
         return arrays if self.state_is_tuple or len(arrays) > 1 else arrays[0]
 
     def engine_hyper(self) -> dict:
@@ -321,6 +321,11 @@ Optimizer.opt_registry = Registry(
     error_type=OptimizerError, warn_on_override=True)
 register = Optimizer.register
 create = Optimizer.create_optimizer
+
+
+def zeros_like(weight, dtype=None):
+    """Zeros of ``weight``'s shape on its context, in its dtype or ``dtype``."""
+    return nd.zeros(weight.shape, weight.ctx, dtype=dtype or weight.dtype)
 
 
 def as_ndarray(array) -> NDArray:

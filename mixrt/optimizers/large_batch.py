@@ -14,8 +14,8 @@ import numpy as np
 
 from mixrt import nd, optimizer_ops as ops
 from mixrt.ops.device import array_module
-from mixrt.optimizers.base import ImplUpdates, Optimizer, register
-from mixrt.optimizers.sgd import SGD, listed, zeros_like
+from mixrt.optimizers.base import ImplUpdates, Optimizer, register, zeros_like
+from mixrt.optimizers.sgd import SGD, listed
 from mixrt.runtime.training.optimizers import definitions
 from mixrt.runtime.training.optimizers import lamb as lamb_definition
 

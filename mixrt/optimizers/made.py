@@ -22,11 +22,9 @@ def made_class(definition) -> type:
     owner = f"optimizer {definition.name!r}"
 
     def __init__(self, learning_rate=definition.default_learning_rate, **kwargs):
-        given = {hyper.name: kwargs.pop(hyper.name, hyper.default)
-                 for hyper in definition.hyper}
+        hyper = definition.take_hyper(owner, kwargs)
         Optimizer.__init__(self, learning_rate=learning_rate, **kwargs)
-        for hyper in definition.hyper:
-            setattr(self, hyper.name, hyper.check(owner, hyper.name, given[hyper.name]))
+        self.__dict__.update(hyper)
 
     return type(title, (Optimizer,), {
         "__init__": __init__, "update": _update, "definition": definition,

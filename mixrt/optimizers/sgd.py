@@ -14,7 +14,7 @@ import numpy as np
 
 from mixrt import nd, optimizer_ops as ops, random as mixrt_random
 from mixrt.ops.device import array_module
-from mixrt.optimizers.base import ImplUpdates, Optimizer, register, warn_float16
+from mixrt.optimizers.base import ImplUpdates, Optimizer, register, warn_float16, zeros_like
 from mixrt.runtime.training import optimizer_kernels as kernels
 from mixrt.runtime.training.optimizers import definitions
 from mixrt.runtime.training.optimizers import sgd as sgd_definition
@@ -25,10 +25,6 @@ def listed(index, weight, grad, state):
     if isinstance(index, (list, tuple)):
         return list(index), list(weight), list(grad), list(state)
     return [index], [weight], [grad], [state]
-
-
-def zeros_like(weight, dtype=None):
-    return nd.zeros(weight.shape, weight.ctx, dtype=dtype or weight.dtype)
 
 
 def clipping(optimizer) -> float:

@@ -115,6 +115,12 @@ class Definition:
     def engine_name(self) -> str | None:
         return None if self.step is None else f"mxnet_{self.name}"
 
+    def take_hyper(self, owner: str, params: dict) -> dict:
+        """The hyper-parameters taken out of ``params`` (their defaults where absent), each
+        checked against its range; OptimizerError names ``owner`` and the parameter."""
+        return {hyper.name: hyper.check(owner, hyper.name, params.pop(hyper.name, hyper.default))
+                for hyper in self.hyper}
+
     def operator(self, name: str) -> Operator:
         return next(op for op in self.operators if op.name == name)
 

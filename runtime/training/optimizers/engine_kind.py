@@ -19,9 +19,7 @@ class MXNetKind(Optimizer):
     definition = None  # set on each kind made
 
     def __init__(self, **params):
-        for hyper in self.definition.hyper:
-            value = params.pop(hyper.name, hyper.default)
-            setattr(self, hyper.name, hyper.check(self._owner, hyper.name, value))
+        self.__dict__.update(self.definition.take_hyper(self._owner, params))
         super().__init__(**params)
 
     def hyper_params(self) -> dict:
