@@ -111,6 +111,8 @@ def _cutter(mark, mincharnum, pad_value, separators, tokenexp, tokenexpsplit):
     if tokenexp == ".":
         return _character_cutter(mincharnum)
     pattern = compiled(tokenexp)
+    if mincharnum == 1 and not pattern.matches_empty:  # RE2's longest matches in turn
+        return pattern.token_finder()
     return lambda text: _matches(text, pattern, mincharnum)
 
 
@@ -165,21 +167,27 @@ class _Tokenizer:
         if strings.size == 0:
             return np.empty(_empty_output_shape(strings.shape), dtype=object)
         # the run's limits checked text by text: a request of many long texts
-        rows = [self.cut(text) for text in run_options.each(strings.reshape(-1).tolist())]
+        rows = list(map(self.cut, run_options.each(strings.reshape(-1).tolist())))
         return _padded(rows, strings.shape, self.mark, self.pad_value)
 
 
 def _padded(rows: list, shape: tuple, mark: bool, pad_value: str) -> np.ndarray:
-    longest = max(len(row) for row in rows)
+    lengths = list(map(len, rows))
+    longest = max(lengths)
     if longest == 0:  # nothing left of any string: no marks either
         return np.empty((*shape, 0), dtype=object)
     width = longest + 2 * mark
     if mark:
         rows = [[START_OF_TEXT, *row, END_OF_TEXT] for row in rows]
-    # one flat list into an object array (filling a padded array row by row cost ~2 us of a
-    # one-document text model's run)
-    flat = [token for row in rows for token in (row + [pad_value] * (width - len(row))
-                                                 if len(row) < width else row)]
+        lengths = [length + 2 for length in lengths]
+    # one flat list into an object array, each row and its padding added by list.extend, in
+    # C (a comprehension over every token took 223 us for 539 rows of 3-11 tokens, this 127;
+    # 5.1 against 2.2 us for 4 rows; filling a padded array row by row cost more still)
+    pads, flat = [pad_value] * width, []
+    extend = flat.extend
+    for row, length in zip(rows, lengths):
+        extend(row)
+        extend(pads[length:])
     return object_strings(flat, (*shape, width))
 
 

@@ -50,7 +50,7 @@ def string_normalizer(xp, X, *, case_change_action="NONE", is_case_sensitive=0, 
                          f"{sorted(_CASE_CHANGES)}, got {case_change_action!r}")
     change = _CASE_CHANGES[case_change_action]
     if change is not None:
-        words = [change(w) for w in words]
+        words = list(map(change, words))  # (in C: a TF-IDF pipeline's batch is one row)
     if not words:  # everything dropped: one empty string, keeping the input's rank
         words = [""]
     shape = (len(words),) if X.ndim == 1 else (1, len(words))
