@@ -36,6 +36,12 @@ from mixrt.ops.conv.padding_cpu import _padded  # noqa: F401
 from mixrt.ops.conv.shifted_cpu import _KernelRows, _shift_add_suits
 
 
+# A node's prepacked dict holding this key (True) asks for sums of products alone: no
+# Winograd, whose transforms round where every product and partial sum is an exact integer
+# (QLinearConv's float32 route, ops/quant/quantize_cpu.py). Every other form adds products.
+EXACT_SUMS = "exact sums"
+
+
 @conv.fast("cpu")
 def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
              kernel_shape=None, pads=None, strides=None, out=None, _prepacked=None,
@@ -136,7 +142,7 @@ def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kern
     if out is None:
         out = np.empty((n, m) + tuple(out_dims), dtype=X.dtype)
     # only for a constant weight: transforming it took 10x a 256-channel 14x14 convolution
-    if prepacked is not None and \
+    if prepacked is not None and not prepacked.get(EXACT_SUMS) and \
             winograd_cpu.suits(X, W, kernel, strides, dilations, group, out_dims, out):
         U = packed(prepacked, "winograd", lambda: winograd_cpu.transformed_weights(W))
         return winograd_cpu.conv(X, U, B, out, begin, out_dims, epilogue)

@@ -33,6 +33,20 @@ def dequantize(x, scale, zero, y):
         y[i] = np.float32(np.int64(x[i]) - zero) * scale
 
 
+@_jit
+def requantize_channels(total, bias, multiplier, zero, low, high, y):
+    """y = clamp(rint((total + bias[c]) * multiplier[c]) + zero, low, high) over total
+    (N, C, P) float32 sums, integer y of that shape: QLinearConv's requantization
+    (``quantize.requantize_sum``) in one pass, each step in float32 as there (the
+    zero point added exactly; a multiplier here is finite)."""
+    for i in range(total.shape[0]):
+        for c in range(total.shape[1]):
+            shift, scale = bias[c], multiplier[c]
+            for j in range(total.shape[2]):
+                value = np.float64(np.rint((total[i, c, j] + shift) * scale)) + zero
+                y[i, c, j] = low if value < low else (high if value > high else value)
+
+
 # -- DynamicQuantizeLinear ---------------------------------------------------------------------
 #
 # ``ops/quant/quantize_cpu.dynamic_quantize_cpu`` made the range with NumPy's min and max and

@@ -27,7 +27,7 @@ from mixrt.ops.quant.contrib_quant_matmul import (PRODUCT_TO_FLOAT, _centered as
                                                   matmul_integer_to_float, matmul_nbits,
                                                   nbits_weight, output_stage,
                                                   product_operands)
-from mixrt.ops.conv.conv_cpu import conv_cpu as _float_conv
+from mixrt.ops.conv.conv_cpu import EXACT_SUMS, conv_cpu as _float_conv
 from mixrt.ops.quant.quantize import (_centered, _constant_dict, centered_weight,
                                       conv_multiplier, dequantize_linear, dequantize_linear_10,
                                       dequantize_linear_13, dequantize_linear_21,
@@ -175,9 +175,20 @@ def _bind_dynamic_quantize(args, out, attributes):
 # The generic kernel centres the weights again on every call and convolves in float64 through
 # NumPy's im2col (a batched matmul of 1x9 rows for a depthwise layer): a QOperator MobileNetV3
 # spent 74 of its ~70-ms run there. Here the centred weights are made once per node and the
-# convolution is the CPU fast path's (ops/conv/conv_cpu.py) in float64, where every sum of 8-bit
-# products is an exact integer in any order; the requantization is the generic kernel's float32
-# one, so the result is the generic kernel's exactly.
+# convolution is the CPU fast path's (ops/conv/conv_cpu.py), in float32 where no sum can
+# round, else in float64; either way every sum of 8-bit products is the exact integer in any
+# order, and the requantization is the generic kernel's float32 one, so the result is the
+# generic kernel's exactly.
+#
+# float32 holds every integer up to 2^24: where the largest code less its zero point, times
+# the largest sum of one output channel's centred weights, stays within it (and the bias
+# too), every product and partial sum is exact (no Winograd, whose transforms round:
+# conv_cpu.EXACT_SUMS). Then the codes are centred in one compiled pass and the sums
+# requantized in another (_jit_quantize.requantize_channels), where the float64 route took
+# nine NumPy passes: the QOperator MobileNetV3-large's 1x1 16 -> 64 layer over 2 x 320 x 456
+# took 18.3 ms of its ~150-ms run, its stride-2 depthwise layer after it 17.2 (2026-12-04).
+FLOAT32_EXACT = 1 << 24
+
 
 def qlinear_conv_cpu(xp, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale,
                      y_zero_point, B=None, *, out=None, _node=None, **attributes):
@@ -185,6 +196,10 @@ def qlinear_conv_cpu(xp, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_s
     if state is None:
         return _into(out, qlinear_conv(xp, x, x_scale, x_zero_point, w, w_scale, w_zero_point,
                                        y_scale, y_zero_point, B, **attributes))
+    multiplier = conv_multiplier(x_scale, w_scale, y_scale, x.ndim)
+    if _float32_suits(state, x, x_zero_point, y_zero_point, B, multiplier):
+        return _float32_conv(state, x, x_zero_point, y_zero_point, B, multiplier, out,
+                             attributes)
     centered = x.astype(np.float64)
     centered -= _zero(x_zero_point)
     accumulated = _float_conv(np, centered, state["weights"], None, **attributes,
@@ -194,7 +209,7 @@ def qlinear_conv_cpu(xp, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_s
         accumulated += B.astype(np.float64).reshape(channels)
     # the generic kernel's float32 requantization (quantize.requantize_sum), in place
     values = accumulated.astype(np.float32)
-    values *= conv_multiplier(x_scale, w_scale, y_scale, values.ndim)
+    values *= multiplier
     np.rint(values, out=values)
     values += np.float32(_zero(y_zero_point))
     low, high = integer_range(y_zero_point.dtype)
@@ -202,8 +217,41 @@ def qlinear_conv_cpu(xp, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_s
     return _into(out, values.astype(y_zero_point.dtype))
 
 
+def _float32_suits(state, x, x_zero_point, y_zero_point, B, multiplier) -> bool:
+    """Whether this call's sums are exact in float32 (the module's note) and its codes
+    within the compiled passes' reach."""
+    if x.dtype not in EIGHT_BITS or y_zero_point.dtype not in EIGHT_BITS or x.ndim < 3             or not jit_cpu.enabled() or not np.all(np.isfinite(multiplier)):
+        return False
+    low, high = integer_range(x.dtype)
+    zero = _zero(x_zero_point)
+    largest_code = max(abs(low - zero), abs(high - zero))
+    if largest_code * state["weight_sums"] > FLOAT32_EXACT:
+        return False
+    return B is None or float(np.abs(B).max(initial=0)) <= FLOAT32_EXACT
+
+
+def _float32_conv(state, x, x_zero_point, y_zero_point, B, multiplier, out, attributes):
+    kernels = jit_cpu.load("mixrt.ops.quant._jit_quantize")
+    centered = np.empty(x.shape, np.float32)
+    kernels.dequantize(np.ascontiguousarray(x).reshape(-1), np.float32(1), _zero(x_zero_point),
+                       centered.reshape(-1))
+    packed = state.setdefault("packed32", {EXACT_SUMS: True})
+    total = _float_conv(np, centered, state["weights32"], None, **attributes,
+                        _prepacked=packed, _node=state.setdefault("node32", {}))
+    n, m = total.shape[:2]
+    bias = np.zeros(m, np.float32) if B is None else B.astype(np.float32).reshape(m)
+    scales = np.ascontiguousarray(np.broadcast_to(multiplier.reshape(-1), (m,)))
+    y = _target(out, total.shape, y_zero_point.dtype)
+    low, high = integer_range(y_zero_point.dtype)
+    kernels.requantize_channels(np.ascontiguousarray(total).reshape(n, m, -1), bias, scales,
+                                _zero(y_zero_point), float(low), float(high),
+                                y.reshape(n, m, -1))
+    return _into(out, y)
+
+
 def _conv_state(xp, node, w, w_zero_point, x_scale, x_zero_point, y_scale):
-    """The node's centred float64 weights (made on its first call), when this call is the
+    """The node's centred weights in float64 and float32 and the largest sum of one output
+    channel's centred weights' magnitudes (made on its first call), when this call is the
     per-tensor-input case with a constant weight; else None."""
     if xp is not np or node is None or x_scale.size != 1 or y_scale.size != 1 \
             or (x_zero_point is not None and x_zero_point.size != 1):
@@ -214,7 +262,11 @@ def _conv_state(xp, node, w, w_zero_point, x_scale, x_zero_point, y_scale):
         if w_zero_point is not None:
             zero = w_zero_point.astype(np.float64)
             weights -= zero.reshape((-1,) + (1,) * (w.ndim - 1)) if zero.size > 1 else zero
-        state = node["qlinear_conv"] = {"w": w, "weights": weights, "packed": {}, "node": {}}
+        sums = np.abs(weights).reshape(weights.shape[0], -1).sum(axis=1)
+        state = node["qlinear_conv"] = {
+            "w": w, "weights": weights, "packed": {}, "node": {},
+            "weights32": weights.astype(np.float32),
+            "weight_sums": float(sums.max(initial=0.0))}
     return state
 
 

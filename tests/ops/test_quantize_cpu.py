@@ -107,6 +107,63 @@ def test_qlinear_conv_on_the_cpu_gives_the_generic_codes(x_shape, w_shape, attri
     assert "qlinear_conv" in node
 
 
+def _qlinear_case(x_shape, w_shape, codes, weights_within):
+    """x, the parameters and a bias: full-range codes, weights within ``weights_within`` of
+    a zero point of 0 (a bound on the channels' centred sums), per-channel scales."""
+    info = np.iinfo(codes)
+    x = RNG.integers(info.min, info.max + 1, x_shape).astype(codes)
+    w = RNG.integers(-weights_within, weights_within + 1, w_shape).astype(np.int8)
+    w_scale = (RNG.random(w_shape[0]) * 0.01 + 1e-3).astype(np.float32)
+    params = (np.array(np.float32(0.02)), np.array(codes(3)), w, w_scale,
+              np.zeros(w_shape[0], np.int8), np.array(np.float32(0.5)), np.array(codes(7)))
+    return x, params, RNG.integers(-50000, 50000, w_shape[0]).astype(np.int32)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, weights_within, in_float32", [
+    # 256 x 3 x 3 weights of ~64 in magnitude on average, times codes of up to 252: a
+    # channel's bound ~3.7e7, past 2^24, so float64; weights within 4 keep it in float32
+    ((1, 256, 8, 8), (16, 256, 3, 3), 127, False),
+    ((1, 256, 8, 8), (16, 256, 3, 3), 4, True),
+    ((2, 16, 9, 11), (64, 16, 1, 1), 127, True),  # 16 x 255 x 127: within
+    ((2, 24, 9, 9), (24, 1, 3, 3), 127, True),  # depthwise (group set below)
+])
+def test_qlinear_conv_sums_in_float32_only_where_no_sum_can_round(
+        monkeypatch, x_shape, w_shape, weights_within, in_float32):
+    from mixrt.ops.quant.quantize import qlinear_conv
+    routes = []
+    float32_conv = quantize_cpu._float32_conv
+    monkeypatch.setattr(quantize_cpu, "_float32_conv",
+                        lambda *args: routes.append(True) or float32_conv(*args))
+    attributes = dict(pads=[1, 1, 1, 1], group=x_shape[1] if w_shape[1] == 1 else 1)
+    if w_shape[2] == 1:
+        attributes["pads"] = [0, 0, 0, 0]
+    for codes in (np.uint8, np.int8):
+        x, params, bias = _qlinear_case(x_shape, w_shape, codes, weights_within)
+        expected = qlinear_conv(np, x, *params, bias, **attributes)
+        node: dict = {}
+        for _ in range(2):
+            got = quantize_cpu.qlinear_conv_cpu(np, x, *params, bias, _node=node, **attributes)
+            assert got.dtype == expected.dtype
+            np.testing.assert_array_equal(got, expected)
+    assert routes == [True] * 4 * in_float32
+
+
+def test_qlinear_conv_in_float32_takes_no_winograd(monkeypatch):
+    """A 3x3 stride-1 layer of 256 x 256 channels is Winograd's as a float convolution;
+    Winograd's transforms round, so QLinearConv's exact float32 sums must not take it."""
+    from mixrt.ops.conv import winograd_cpu
+    from mixrt.ops.quant.quantize import qlinear_conv
+    x, params, bias = _qlinear_case((1, 256, 12, 12), (256, 256, 3, 3), np.uint8, 3)
+    attributes = dict(pads=[1, 1, 1, 1])
+    x_float = x.astype(np.float32)
+    assert winograd_cpu.suits(x_float, params[2].astype(np.float32), (3, 3), (1, 1), (1, 1), 1,
+                              (12, 12))
+    monkeypatch.setattr(winograd_cpu, "conv", lambda *a, **k: pytest.fail("took Winograd"))
+    expected = qlinear_conv(np, x, *params, bias, **attributes)
+    got = quantize_cpu.qlinear_conv_cpu(np, x, *params, bias, _node={}, **attributes)
+    np.testing.assert_array_equal(got, expected)
+
+
 def _with(values, index, value):
     values = values.copy()
     values.flat[index] = value
