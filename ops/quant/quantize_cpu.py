@@ -240,7 +240,8 @@ def _float32_conv(state, x, x_zero_point, y_zero_point, B, multiplier, out, attr
                         _prepacked=packed, _node=state.setdefault("node32", {}))
     n, m = total.shape[:2]
     bias = np.zeros(m, np.float32) if B is None else B.astype(np.float32).reshape(m)
-    scales = np.ascontiguousarray(np.broadcast_to(multiplier.reshape(-1), (m,)))
+    # a copy either way: one argument type for the kernel (a broadcast view is read-only)
+    scales = np.array(np.broadcast_to(multiplier.reshape(-1), (m,)), np.float32)
     y = _target(out, total.shape, y_zero_point.dtype)
     low, high = integer_range(y_zero_point.dtype)
     kernels.requantize_channels(np.ascontiguousarray(total).reshape(n, m, -1), bias, scales,
