@@ -552,4 +552,7 @@ def _(x, w, x_zero_point=None, w_zero_point=None, **attrs):
 @qlinear_conv.infer
 def _(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None,
       **attrs):
+    channels = None if w.shape is None else w.shape[0]
+    for name, param in (("w_scale", w_scale), ("w_zero_point", w_zero_point)):
+        _require_per("QLinearConv", name, param, channels, "output channel of w")
     return [TensorType(y_zero_point.dtype, _conv_shape(x, w, attrs))]
