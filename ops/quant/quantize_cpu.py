@@ -220,7 +220,8 @@ def qlinear_conv_cpu(xp, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_s
 def _float32_suits(state, x, x_zero_point, y_zero_point, B, multiplier) -> bool:
     """Whether this call's sums are exact in float32 (the module's note) and its codes
     within the compiled passes' reach."""
-    if x.dtype not in EIGHT_BITS or y_zero_point.dtype not in EIGHT_BITS or x.ndim < 3             or not jit_cpu.enabled() or not np.all(np.isfinite(multiplier)):
+    if x.dtype not in EIGHT_BITS or y_zero_point.dtype not in EIGHT_BITS or x.ndim < 3 \
+            or not jit_cpu.enabled() or not np.all(np.isfinite(multiplier)):
         return False
     low, high = integer_range(x.dtype)
     zero = _zero(x_zero_point)

@@ -38,9 +38,9 @@ def _characters(text: str) -> list[str]:
 def _matches(text: str, pattern, mincharnum: int) -> list[str]:
     """The tokens ``tokenexp`` matches, scanning left to right. A match shorter than
     ``mincharnum`` is skipped one character on from where it starts (not from its end), so
-    a match inside it may still count: onnxruntime's scan."""
-    if mincharnum == 1 and not pattern.matches_empty:  # RE2's longest matches in turn
-        return pattern.tokens(text)
+    a match inside it may still count: onnxruntime's scan. (Where every match counts and
+    none is empty, RE2's longest matches in turn are the same: ``_cutter`` takes the
+    pattern's ``token_finder`` there.)"""
     subject, tokens, start = Subject(text), [], 0
     while start <= len(text):
         found = pattern.search(subject, start)
