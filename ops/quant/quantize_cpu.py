@@ -228,7 +228,16 @@ def _float32_suits(state, x, x_zero_point, y_zero_point, B, multiplier) -> bool:
     largest_code = max(abs(low - zero), abs(high - zero))
     if largest_code * state["weight_sums"] > FLOAT32_EXACT:
         return False
-    return B is None or float(np.abs(B).max(initial=0)) <= FLOAT32_EXACT
+    return B is None or _bias_exact(state, B)
+
+
+def _bias_exact(state, B) -> bool:
+    """Whether every bias value is an exact float32 integer (within 2^24); asked once for
+    a constant bias (the same array on every call), not on every run."""
+    if state.get("bias") is not B:
+        state["bias"] = B
+        state["bias_exact"] = float(np.abs(B).max(initial=0)) <= FLOAT32_EXACT
+    return state["bias_exact"]
 
 
 def _float32_conv(state, x, x_zero_point, y_zero_point, B, multiplier, out, attributes):
