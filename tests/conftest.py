@@ -11,6 +11,15 @@ import pytest
 # tests that, with MIXRT_COMPILE=background set where it needs it).
 os.environ.setdefault("MIXRT_COMPILE", "foreground")
 
+# NumPy asks the kernel for transparent huge pages on every array from 4 MB, and where the
+# kernel's THP defrag setting is ``madvise`` (Ubuntu's default) a fault on such an array
+# compacts memory first: on a 2-core VM whose memory the suite's processes keep fragmenting,
+# the ONNX backend's real models spent 9-12 s of 23-28 in the kernel with them, 2 s without
+# (2026-12-04). The tests check values, not a steady state that larger pages would speed, so
+# the suite and its child processes (which inherit this) go without. Read as NumPy loads,
+# which the import of mixrt below is the first to do.
+os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
+
 # mixrt before anything loads NumPy, whichever test file pytest collects first: its BLAS
 # policy (runtime/blas_policy.py) then sets OpenBLAS's environment instead of restarting it
 import mixrt  # noqa: E402,F401
