@@ -77,6 +77,14 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: not _runs_first(item.path))  # stable
 
 
+# trylast: after xdist's own hook has told the controller what this worker collected, so the
+# tests are handed out while the worker compiles its share (tests/compile_shares.py)
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    from compile_shares import compile_share  # noqa: PLC0415
+    compile_share(len(session.items))
+
+
 @pytest.fixture
 def collected_gpu_test_files() -> set:
     """The files holding a test marked ``gpu`` among those this run collected (the fake-CuPy
