@@ -16,7 +16,8 @@ from mixrt.base import run_options
 from mixrt.base.errors import ExecutionError, MixrtError, RunTerminated
 from mixrt.ops import device_checks
 from mixrt.ops.compiled import jit_cpu, jit_tier, replay
-from mixrt.ops.compiled.bound_calls import binder_for, binds_fresh, binds_several, reads_feed_at
+from mixrt.ops.compiled.bound_calls import (binder_for, binds_fresh, binds_several,
+                                             reads_any_input, reads_feed_at)
 from mixrt.ops.ir.types import TensorType, type_of_value
 from mixrt.runtime.arenas import Arena
 from mixrt.runtime.call_forms import arena_calls as _calls, node_state
@@ -173,7 +174,11 @@ def bind_calls(calls: list, env: dict, arena: Arena, plan: ExecutionPlan,
 
     def ready(step, inputs):
         """Is each input steady, or a feed its binder reads as given (this run's feeds
-        being C-contiguous and aligned)?"""
+        being C-contiguous and aligned), or any value for a binder that reads any input
+        as given (``binds(any_inputs=True)``: what an earlier step made is in ``env``
+        by the time the call runs, as the plan orders them)?"""
+        if reads_any_input(step.fn):
+            return all(not name or name in env for name in inputs)
         return all(not name or steady(name)
                    or (fed and name in feeds and reads_feed_at(step.fn, position))
                    for position, name in enumerate(inputs))

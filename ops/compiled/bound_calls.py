@@ -42,10 +42,11 @@ ALL_INPUTS = None
 _SEVERAL: set = set()  # kernels whose binder takes several outputs' views (binds(several=True))
 _FRESH: set = set()  # kernels whose bound call makes its outputs (binds(fresh=True))
 _SILENT: set = set()  # kernels whose bound call raises no NumPy warning (binds(silent=True))
+_ANY_INPUTS: set = set()  # kernels whose bound call reads any input as given (any_inputs)
 
 
 def binds(*kernels: Callable, feeds: bool | tuple = False, several: bool = False,
-          fresh: bool = False, silent: bool = False) -> Callable:
+          fresh: bool = False, silent: bool = False, any_inputs: bool = False) -> Callable:
     """Register ``binder(args, out, attributes) -> call | None`` for these CPU kernels.
 
     ``feeds``: the closure reads its inputs as it is given them on each call (it keeps no
@@ -73,7 +74,14 @@ def binds(*kernels: Callable, feeds: bool | tuple = False, several: bool = False
     reshapes and indexing only), so it raises no floating-point warning whatever NumPy's
     error state: a steady run whose every step is such a call does not enter NumPy's
     quiet state (``runtime/steady_run.py``; a context variable set and reset, ~15 us of a
-    request 10 ms after the last, cold)."""
+    request 10 ms after the last, cold).
+
+    ``any_inputs``: the closure reads every input as it is given it, of any layout and made
+    by any step, so a step whose inputs an earlier step makes anew on each run (a string
+    kernel's object arrays, which no arena holds) is bound too. The string kernels of a
+    TF-IDF pipeline read only their inputs' values (``tolist``): each made its outputs
+    fresh, so none of them was bound, and the pipeline's one-document run took every step's
+    full route (~34 us against onnxruntime's ~11, 2026-12-04)."""
     def register(binder: Callable) -> Callable:
         for kernel in kernels:
             _BINDERS[kernel] = binder
@@ -85,6 +93,8 @@ def binds(*kernels: Callable, feeds: bool | tuple = False, several: bool = False
                 _FRESH.add(kernel)
             if silent:
                 _SILENT.add(kernel)
+            if any_inputs:
+                _ANY_INPUTS.add(kernel)
         return binder
     return register
 
@@ -103,6 +113,11 @@ def binds_silent(kernel: Callable) -> bool:
 def binds_several(kernel: Callable) -> bool:
     """Does ``kernel``'s binder take several outputs' views (:func:`binds` ``several``)?"""
     return kernel in _SEVERAL
+
+
+def reads_any_input(kernel: Callable) -> bool:
+    """Does ``kernel``'s bound call read any input as given (:func:`binds` ``any_inputs``)?"""
+    return kernel in _ANY_INPUTS
 
 
 def reads_feed_at(kernel: Callable, position: int) -> bool:

@@ -16,6 +16,7 @@ import functools
 import numpy as np
 
 from mixrt.base import run_options
+from mixrt.ops.compiled.bound_calls import binds
 from mixrt.ops.text.re2_patterns import Subject, compiled
 from mixrt.ops.text.string import object_strings
 from mixrt.ops.ir.dtypes import STRING
@@ -169,6 +170,17 @@ class _Tokenizer:
         # the run's limits checked text by text: a request of many long texts
         rows = list(map(self.cut, run_options.each(strings.reshape(-1).tolist())))
         return _padded(rows, strings.shape, self.mark, self.pad_value)
+
+
+@binds(tokenizer.fn, feeds=True, fresh=True, silent=True, any_inputs=True)
+def bind_tokenizer(args, out, attributes):
+    """The node's cutter over each run's strings as given (bound_calls): the call its
+    executor made anyway, without the run loop's general route to it."""
+    model = (attributes.get("_node") or {}).get("model")
+    if not isinstance(model, _Tokenizer) or not isinstance(args[0], np.ndarray):
+        return None
+    run = model.run
+    return lambda X: run(np, X)
 
 
 def _padded(rows: list, shape: tuple, mark: bool, pad_value: str) -> np.ndarray:

@@ -12,6 +12,8 @@ import itertools
 import numpy as np
 
 from mixrt.base import run_options
+from mixrt.ops.compiled.bound_calls import binds
+from mixrt.ops.compiled.out_arrays import into
 from mixrt.ops.ir.dtypes import STRING
 from mixrt.ops.ir.node_state import prepared
 from mixrt.ops.ir.registry import op
@@ -35,26 +37,50 @@ def string_normalizer(xp, X, *, case_change_action="NONE", is_case_sensitive=0, 
                       stopwords=None):
     """Drop stopwords, then change case. Only [C] and [1, C] inputs exist; the locale is
     accepted, but case mapping is Python's Unicode one whatever it says."""
-    if X.ndim == 2 and X.shape[0] != 1 or X.ndim > 2:
-        raise ValueError(f"StringNormalizer takes a [C] or [1, C] tensor, got shape {X.shape}")
-    words = to_host(X).reshape(-1).tolist()
-    if stopwords:
-        if is_case_sensitive:
-            stop = set(stopwords)
-            words = [w for w in words if w not in stop]
-        else:
-            stop = {s.lower() for s in stopwords}
-            words = [w for w in words if w.lower() not in stop]
-    if case_change_action not in _CASE_CHANGES:
-        raise ValueError(f"StringNormalizer case_change_action must be one of "
-                         f"{sorted(_CASE_CHANGES)}, got {case_change_action!r}")
-    change = _CASE_CHANGES[case_change_action]
-    if change is not None:
-        words = list(map(change, words))  # (in C: a TF-IDF pipeline's batch is one row)
-    if not words:  # everything dropped: one empty string, keeping the input's rank
-        words = [""]
-    shape = (len(words),) if X.ndim == 1 else (1, len(words))
-    return object_strings(words, shape)
+    return _Normalizing(case_change_action, is_case_sensitive, stopwords)(to_host(X))
+
+
+class _Normalizing:
+    """A StringNormalizer's attributes, checked, as the call on a host array of strings."""
+
+    __slots__ = ("stop", "sensitive", "change")
+
+    def __init__(self, case_change_action, is_case_sensitive, stopwords):
+        if case_change_action not in _CASE_CHANGES:
+            raise ValueError(f"StringNormalizer case_change_action must be one of "
+                             f"{sorted(_CASE_CHANGES)}, got {case_change_action!r}")
+        self.sensitive = bool(is_case_sensitive)
+        self.stop = None if not stopwords else set(stopwords) if self.sensitive \
+            else {s.lower() for s in stopwords}
+        self.change = _CASE_CHANGES[case_change_action]
+
+    def __call__(self, X):
+        if X.ndim == 2 and X.shape[0] != 1 or X.ndim > 2:
+            raise ValueError(f"StringNormalizer takes a [C] or [1, C] tensor, got shape "
+                             f"{X.shape}")
+        words = X.reshape(-1).tolist()
+        stop = self.stop
+        if stop is not None:
+            words = [w for w in words if (w if self.sensitive else w.lower()) not in stop]
+        if self.change is not None:
+            words = list(map(self.change, words))  # (in C: a TF-IDF pipeline's batch is 1 row)
+        if not words:  # everything dropped: one empty string, keeping the input's rank
+            words = [""]
+        return object_strings(words, (len(words),) if X.ndim == 1 else (1, len(words)))
+
+
+@binds(string_normalizer.fn, feeds=True, fresh=True, silent=True, any_inputs=True)
+def bind_string_normalizer(args, out, attributes):
+    """The checked attributes' call, made on each run's strings as given (bound_calls)."""
+    (X,) = args
+    if not isinstance(X, np.ndarray):
+        return None
+    try:
+        return _Normalizing(attributes.get("case_change_action", "NONE"),
+                            attributes.get("is_case_sensitive", 0),
+                            attributes.get("stopwords"))
+    except ValueError:  # the kernel raises it, naming the node, on every run
+        return None
 
 
 _CASE_CHANGES = {"LOWER": str.lower, "UPPER": str.upper, "NONE": None}
@@ -154,12 +180,14 @@ def _count_ngrams(row, table, counts, *, min_n, max_n, max_skip) -> None:
 @op("TfIdfVectorizer", since=9, dtypes=STRING | frozenset({"int32", "int64"}))
 def tfidf_vectorizer(xp, X, *, max_gram_length=None, max_skip_count=None,
                      min_gram_length=None, mode=None, ngram_counts=None, ngram_indexes=None,
-                     pool_int64s=None, pool_strings=None, weights=None, _node=None):
-    return prepared(_node, lambda: _TfIdf(
+                     pool_int64s=None, pool_strings=None, weights=None, _node=None, out=None):
+    """Into ``out`` where the run gives its output a view in the arena (so that its
+    planned call can be bound: :func:`bind_tfidf_vectorizer`)."""
+    return into(out, prepared(_node, lambda: _TfIdf(
         max_gram_length=max_gram_length, max_skip_count=max_skip_count,
         min_gram_length=min_gram_length, mode=mode, ngram_counts=ngram_counts,
         ngram_indexes=ngram_indexes, pool_int64s=pool_int64s, pool_strings=pool_strings,
-        weights=weights)).run(xp, X)
+        weights=weights)).run(xp, X))
 
 
 class _TfIdf:
@@ -269,6 +297,26 @@ class _TfIdf:
         out = np.zeros((count, self.width), dtype=np.float32)
         out[:, self.index] = counts + np.float32(0)
         return out
+
+
+# not silent: a count times a large weight may overflow float32 (NumPy warns of the cast)
+@binds(tfidf_vectorizer.fn, feeds=True, fresh=True, any_inputs=True)
+def bind_tfidf_vectorizer(args, out, attributes):
+    """The node's table over each run's items as given (bound_calls)."""
+    model = (attributes.get("_node") or {}).get("model")
+    if not isinstance(model, _TfIdf) or not isinstance(args[0], np.ndarray):
+        return None
+    run = model.run
+    if out is None:  # a graph output: made anew, as the kernel makes it
+        return lambda X: run(np, X)
+    if out.dtype != np.float32 or not out.flags.c_contiguous:
+        return None
+    shape = out.shape
+
+    def call(X):  # into the output's view in the arena, as the kernel writes it
+        np.copyto(out, run(np, X).reshape(shape))
+        return out
+    return call
 
 
 # a row finding at most this many pool entries writes them one by one (~70 ns each)
