@@ -176,9 +176,79 @@ def _spread_value(builder, value, lanes):
         undefined, ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
 
 
+@intrinsic
+def _softmax_block(typingctx, flat, first, count, n):
+    """Rows ``first`` to ``first + count`` (count <= the vector's lanes) of ``n`` columns
+    (n <= lanes) in flat ``flat`` replaced by their softmax, a row in each lane: column j of
+    the rows gathered into one vector, the max, exp(x - max) and 1 / sum computed down the
+    columns. :func:`_softmax_row` spends a row's time on its one masked vector and two
+    reductions across its lanes (a 10-class softmax: ~46 ns a row on a Zen 4 core). The
+    arithmetic is a row's there, lane by lane: the same exp, and the sum of the columns in
+    the tree its reduction across lanes adds them in (the columns past ``n`` zeros there as
+    here), so each row has the same bits either way."""
+    sig = types.void(flat, types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        scalar = context.get_value_type(signature.args[0].dtype)
+        itemsize = 4 if isinstance(scalar, ir.FloatType) else 8
+        lanes = VECTOR_BYTES // itemsize
+        vector, index, i32 = ir.VectorType(scalar, lanes), ir.IntType(64), ir.IntType(32)
+        pointers = ir.VectorType(scalar.as_pointer(), lanes)
+        mask_type = ir.VectorType(ir.IntType(1), lanes)
+        kind = f"v{lanes}{'f32' if itemsize == 4 else 'f64'}.v{lanes}p0"
+        gather = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            vector, [pointers, i32, mask_type, vector]), f"llvm.masked.gather.{kind}")
+        scatter = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            ir.VoidType(), [vector, pointers, i32, mask_type]), f"llvm.masked.scatter.{kind}")
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        first, count, n = args[1], args[2], args[3]
+        lane_ids = ir.Constant(ir.VectorType(index, lanes), list(range(lanes)))
+        rows_ok = builder.icmp_signed("<", lane_ids, _spread_value(builder, count, lanes))
+        # each lane's row start, in bytes past the data (rows past count read nothing)
+        starts = builder.mul(builder.add(lane_ids, _spread_value(builder, first, lanes)),
+                             _spread_value(builder, n, lanes))
+        base = _spread_value(builder, builder.ptrtoint(data, index), lanes)
+        width = ir.Constant(ir.VectorType(index, lanes), [itemsize] * lanes)
+
+        def spread(number):
+            return ir.Constant(vector, [number] * lanes)
+
+        columns, masks, addresses = [], [], []
+        largest = spread(float("-inf"))
+        for j in range(lanes):  # column j of every row, where j < n
+            column_ok = builder.icmp_signed("<", ir.Constant(index, j), n)
+            mask = builder.and_(rows_ok, _spread_value(builder, column_ok, lanes))
+            offsets = builder.add(starts, ir.Constant(ir.VectorType(index, lanes), [j] * lanes))
+            address = builder.inttoptr(builder.add(base, builder.mul(offsets, width)), pointers)
+            value = builder.call(gather, [address, ir.Constant(i32, itemsize), mask,
+                                          spread(float("-inf"))])
+            largest = builder.select(builder.fcmp_ordered(">", value, largest), value, largest)
+            columns.append(value)
+            masks.append(mask)
+            addresses.append(address)
+        exps = [_exp_codegen(builder, builder.fsub(value, largest), itemsize)
+                for value in columns]
+        parts = [builder.select(mask, e, spread(0.0)) for mask, e in zip(masks, exps)]
+        while len(parts) > 1:  # the row form's tree across its lanes
+            parts = [builder.fadd(a, b) for a, b in zip(parts[::2], parts[1::2])]
+        inverse = builder.fdiv(spread(1.0), parts[0])
+        for e, address, mask in zip(exps, addresses, masks):
+            builder.call(scatter, [builder.fmul(e, inverse), address,
+                                   ir.Constant(i32, itemsize), mask])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @_jit
 def softmax_rows(x, rows, n):
     """Softmax of each of ``rows`` rows of ``n`` in flat ``x``, in place (the vector IR of
-    :func:`_softmax_row`)."""
-    for r in range(rows):
-        _softmax_row(x, r * n, n)
+    :func:`_softmax_row`; rows no longer than a vector a block of rows at a time,
+    :func:`_softmax_block`, with the same bits)."""
+    lanes = VECTOR_BYTES // x.itemsize
+    if n > lanes or n < 1:
+        for r in range(rows):
+            _softmax_row(x, r * n, n)
+        return
+    for first in range(0, rows, lanes):
+        _softmax_block(x, first, min(lanes, rows - first), n)
