@@ -213,28 +213,43 @@ def _softmax_block(typingctx, flat, first, count, n):
         def spread(number):
             return ir.Constant(vector, [number] * lanes)
 
-        columns, masks, addresses = [], [], []
-        largest = spread(float("-inf"))
-        for j in range(lanes):  # column j of every row, where j < n
+        # column j is read, raised and written only where j < n (a branch each), and reads
+        # as zeros in the sum past n, as the row form's masked lanes do
+        columns = [cgutils.alloca_once_value(builder, spread(float("-inf")))
+                   for _ in range(lanes)]
+        exps = [cgutils.alloca_once_value(builder, spread(0.0)) for _ in range(lanes)]
+        largest = cgutils.alloca_once_value(builder, spread(float("-inf")))
+        masks, addresses = [], []
+        for j in range(lanes):
             column_ok = builder.icmp_signed("<", ir.Constant(index, j), n)
             mask = builder.and_(rows_ok, _spread_value(builder, column_ok, lanes))
             offsets = builder.add(starts, ir.Constant(ir.VectorType(index, lanes), [j] * lanes))
             address = builder.inttoptr(builder.add(base, builder.mul(offsets, width)), pointers)
-            value = builder.call(gather, [address, ir.Constant(i32, itemsize), mask,
-                                          spread(float("-inf"))])
-            largest = builder.select(builder.fcmp_ordered(">", value, largest), value, largest)
-            columns.append(value)
-            masks.append(mask)
+            masks.append((column_ok, mask))
             addresses.append(address)
-        exps = [_exp_codegen(builder, builder.fsub(value, largest), itemsize)
-                for value in columns]
-        parts = [builder.select(mask, e, spread(0.0)) for mask, e in zip(masks, exps)]
+            with builder.if_then(column_ok, likely=True):
+                value = builder.call(gather, [address, ir.Constant(i32, itemsize), mask,
+                                              spread(float("-inf"))])
+                builder.store(value, columns[j])
+                held = builder.load(largest)
+                builder.store(builder.select(builder.fcmp_ordered(">", value, held), value,
+                                             held), largest)
+        shift = builder.load(largest)
+        for j in range(lanes):
+            column_ok, mask = masks[j]
+            with builder.if_then(column_ok, likely=True):
+                e = _exp_codegen(builder, builder.fsub(builder.load(columns[j]), shift),
+                                 itemsize)
+                builder.store(builder.select(mask, e, spread(0.0)), exps[j])
+        parts = [builder.load(e) for e in exps]
         while len(parts) > 1:  # the row form's tree across its lanes
             parts = [builder.fadd(a, b) for a, b in zip(parts[::2], parts[1::2])]
         inverse = builder.fdiv(spread(1.0), parts[0])
-        for e, address, mask in zip(exps, addresses, masks):
-            builder.call(scatter, [builder.fmul(e, inverse), address,
-                                   ir.Constant(i32, itemsize), mask])
+        for j in range(lanes):
+            column_ok, mask = masks[j]
+            with builder.if_then(column_ok, likely=True):
+                builder.call(scatter, [builder.fmul(builder.load(exps[j]), inverse),
+                                       addresses[j], ir.Constant(i32, itemsize), mask])
         return context.get_dummy_value()
 
     return sig, codegen
