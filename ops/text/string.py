@@ -311,12 +311,7 @@ def bind_tfidf_vectorizer(args, out, attributes):
         return lambda X: run(np, X)
     if out.dtype != np.float32 or not out.flags.c_contiguous:
         return None
-    shape = out.shape
-
-    def call(X):  # into the output's view in the arena, as the kernel writes it
-        np.copyto(out, run(np, X).reshape(shape))
-        return out
-    return call
+    return lambda X: into(out, run(np, X))  # the output's view, as the kernel writes it
 
 
 # a row finding at most this many pool entries writes them one by one (~70 ns each)
