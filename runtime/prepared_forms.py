@@ -32,6 +32,7 @@ the binding: that was the new-shape stream's p99 for such models, 3-5x onnxrunti
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,25 +42,40 @@ from mixrt.runtime import collector
 from mixrt.runtime.inferred_plans import ShapeProgram, TrustedForm, plan_for_form
 
 
+@dataclass
+class Prepared:
+    """What a wait runs on zeros for the forms it prepared: ``sizes`` once each
+    (:func:`run_made_up`), ``ladder`` three times each (:func:`run_ladder`), ``reach`` a
+    list of sizes a free group, each run once and let go (:func:`run_reach`)."""
+
+    sizes: list = field(default_factory=list)
+    ladder: list = field(default_factory=list)
+    reach: list = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.sizes or self.ladder or self.reach)
+
+
 def prepare_forms(forms, program: ShapeProgram | None, bound, graph,
-                  strategy: str) -> tuple[ShapeProgram | None, list[tuple], list[tuple]]:
+                  strategy: str) -> tuple[ShapeProgram | None, Prepared]:
     """Each of ``forms`` (a session's trusted forms) prepared once (:func:`prepare_form`).
-    Returns the session's ShapeProgram (made here where it had none and a form needs it),
-    the sizes to run once on zeros (:func:`run_made_up`): the first sizes of each set of
-    guards a program was made for, and the spread of :func:`spread_sizes`; and the sizes
-    to run twice (:func:`run_ladder`), :func:`ladder_sizes`."""
+    Returns the session's ShapeProgram (made here where it had none and a form needs it)
+    and what to run on zeros: the first sizes of each set of guards a program was made
+    for and the spread of :func:`spread_sizes`, once each; :func:`ladder_sizes`, three
+    times; :func:`reach_sizes`, once and let go."""
+    prepared = Prepared()
     if setting("MIXRT_SHAPE_PROGRAMS", "1") == "0":
-        return program, [], []
-    sizes, ladder = [], []
+        return program, prepared
     for form in list(forms):
         if form.prepared[0] or not form.signature:
             continue
         form.prepared[0] = True
         program = program if program is not None else ShapeProgram(graph)
-        sizes += prepare_form(form, program, bound, graph, strategy)
-        sizes += spread_sizes(form.signature, graph)
-        ladder += ladder_sizes(form.signature, graph)
-    return program, sizes, ladder
+        prepared.sizes += prepare_form(form, program, bound, graph, strategy)
+        prepared.sizes += spread_sizes(form.signature, graph)
+        prepared.ladder += ladder_sizes(form.signature, graph)
+        prepared.reach += reach_sizes(form.signature, graph)
+    return program, prepared
 
 
 def run_made_up(sizes: list[tuple], run) -> None:
@@ -83,13 +99,14 @@ def _zeros(signature: tuple) -> dict:
     return {name: np.zeros(part[0], np.dtype(part[1])) for name, part in signature}
 
 
-def run_prepared(sizes: list[tuple], ladder: list[tuple], run) -> None:
-    """:func:`run_made_up` at ``sizes``, then :func:`run_ladder` at ``ladder``: the plans
-    they make are ``prepared`` (``Session._kept``), and no plan's calls are trimmed
-    meanwhile (they were as they were made, most not among the last run: a ladder's
-    sizes were bound again by their first requests)."""
-    run_made_up(sizes, run)
-    run_ladder(ladder, run)
+def run_prepared(prepared: Prepared, run, run_let_go) -> None:
+    """:func:`run_made_up` at the prepared sizes, :func:`run_ladder` at its ladder (the
+    plans they make are ``prepared``, ``Session._kept``: none of their calls is trimmed
+    meanwhile, most not among the last run, or a ladder's sizes were bound again by their
+    first requests), then :func:`run_reach`, its larger sizes through ``run_let_go``."""
+    run_made_up(prepared.sizes, run)
+    run_ladder(prepared.ladder, run)
+    run_reach(prepared.reach, run, run_let_go)
 
 
 def run_ladder(sizes: list[tuple], run, budget_s: float | None = None) -> int:
@@ -200,6 +217,72 @@ def spread_sizes(signature: tuple, graph) -> list[tuple]:
 # STACK_MIN_WORK multiply-adds, which a RoBERTa warmed up at 13 tokens first met at 70,
 # loading it then, 11 ms); larger feeds (images) stay within twice the ran one's elements
 SPREAD_MAX_BYTES = 1 << 20
+
+
+def reach_sizes(signature: tuple, graph) -> list[list[tuple]]:
+    """For each free axis group, the sizes past the spread's and the ladder's a service may
+    still send, doubling from the larger of sixteen times its size and twice LADDER_TOP,
+    the other groups as they were, while the feeds stay within SPREAD_MAX_BYTES: a list a
+    group, ``signature`` first, then smallest first. A product's and a softmax's routes
+    change with their rows (a few rows, panels, parts over the threads), and a route first
+    met in a request loaded its kernels and modules then: a small MLP warmed at a batch of
+    one took 140-190 ms over its first batch of a few thousand rows, 11 kernels and 18
+    modules loaded, and where the caches were empty it answered on NumPy kernels while the
+    child compiled the softmax rows' (2026-12-04)."""
+    groups = _free_groups(graph, signature)
+    sizes = {key: _size(signature, axes[0]) for key, axes in groups.items()}
+    reach = []
+    for key, size in sizes.items():
+        found, grown = [signature], max(16 * size, 2 * LADDER_TOP)
+        while True:
+            resized = _resized(signature, groups, {**sizes, key: grown})
+            if resized is None or not all(_is_tensor(part) for _, part in resized) \
+                    or _feed_bytes(resized) > SPREAD_MAX_BYTES:
+                break
+            found.append(resized)
+            grown *= 2
+        if len(found) > 1:
+            reach.append(found)
+    return reach
+
+
+def run_reach(groups: list[list[tuple]], run, run_let_go, budget_s: float | None = None) -> int:
+    """Each group of :func:`reach_sizes` on feeds of zeros: its first (the size the session
+    ran) timed through ``run(feeds)``, then each larger size through ``run_let_go(signature,
+    feeds)``, which runs it twice, lets its plan go and returns the second run's seconds
+    (the first loads what the size's routes need). A size runs while its time, expected
+    from the last one's in proportion to the feeds, is within REACH_RUN_MAX_S and the wait's
+    ``budget_s`` (``REACH_BUDGET_S``) holds its two runs; a group stops at the first size
+    the model refuses (a length past its positions). Returns how many larger sizes ran."""
+    deadline = time.monotonic() + (REACH_BUDGET_S if budget_s is None else budget_s)
+    ran = 0
+    with made_up_feeds.made_up():
+        for base, *larger in groups:
+            feeds = _zeros(base)
+            started = time.monotonic()
+            try:
+                run(feeds)
+            except Exception:  # noqa: BLE001  (zeros this model refuses)
+                continue
+            last, last_bytes = time.monotonic() - started, _feed_bytes(base)
+            for signature in larger:
+                expected = last * _feed_bytes(signature) / max(1, last_bytes)
+                if expected > REACH_RUN_MAX_S or \
+                        time.monotonic() + 2 * expected > deadline:
+                    break
+                try:
+                    last = run_let_go(signature, _zeros(signature))
+                except Exception:  # noqa: BLE001  (a size past the model's: larger ones too)
+                    break
+                last_bytes = _feed_bytes(signature)
+                ran += 1
+    return ran
+
+
+# a wait's time for the reach's runs, and the longest run expected there (a service that
+# sends a batch longer than that pays its loads in proportion)
+REACH_BUDGET_S = 0.5
+REACH_RUN_MAX_S = 0.05
 
 
 def _feed_bytes(signature: tuple) -> int:

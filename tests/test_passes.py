@@ -430,6 +430,24 @@ def test_gemm_and_matmul_fuse_with_bias_and_activation():
     assert matmul.inputs == ["h", "V", "b"] and matmul.attributes["activation"] == "Tanh"
 
 
+def test_a_bias_of_one_row_is_fused_as_one_value_a_column():
+    """scikit-learn's (1, N) intercepts and a Gemm's (1, N) C become (N,) constants of their
+    own (the panels' bias, kept by the rows route); a bias read elsewhere keeps its own."""
+    g = graph_of([node("Gemm", ["x", "W", "C"], ["g"], transB=1),
+                  node("Relu", ["g"], ["h"]),
+                  node("MatMul", ["h", "V"], ["m"]), node("Add", ["m", "b"], ["a"]),
+                  node("Relu", ["a"], ["r"]), node("Add", ["r", "b"], ["y"])],
+                 [("x", ["n", 5])], [("y", ["n", 2])],
+                 {"W": rand(4, 5), "C": rand(1, 4), "V": rand(4, 2), "b": rand(1, 2)})
+    optimized = checked(g, {"x": rand(70, 5)}, 2)
+    gemm, matmul = (n for n in optimized.nodes if n.op_type.startswith("Fused"))
+    for fused, name in ((gemm, "C"), (matmul, "b")):
+        column = optimized.initializers[fused.inputs[2]]
+        assert fused.inputs[2] != name and column.shape == g.initializers[name].shape[1:]
+        np.testing.assert_array_equal(column, g.initializers[name].reshape(-1))
+    assert optimized.initializers["b"].shape == (1, 2)  # the last Add's
+
+
 def test_matmul_bias_and_residual_fuse_but_a_widening_addend_does_not():
     residual = graph_of([node("MatMul", ["x", "V"], ["m"]), node("Add", ["m", "b"], ["a"]),
                          node("Add", ["x", "a"], ["y"])],

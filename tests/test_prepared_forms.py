@@ -36,9 +36,14 @@ def test_after_wait_compiled_new_sizes_run_no_concrete_inference(model, feeds, m
     # quartered, each doubled, each four and eight times: these feeds are small), on zeros
     ran = {fed["x"].shape[:2] for fed in runs}
     spread = {(1, 4), (1, 2), (4, 9), (2, 18), (8, 9), (2, 36), (16, 9), (2, 72)}
+    # then the reach: the batch from 128, the length from sixteen times its own, doubling
+    # while the feeds stay small and the wait's budget lasts, each run twice, let go
+    reach = {shape for shape in ran if shape[0] >= 128 or shape[1] >= 144}
     assert all(not value.any() for fed in runs for value in fed.values())
-    assert spread <= ran
-    assert ran - spread <= {(3, 10), (1, 10), (3, 1)}
+    assert spread <= ran and (128, 9) in reach
+    assert ran - spread - reach <= {(3, 10), (1, 10), (3, 1), (2, 9)}
+    kept = {dict(key)["x"][0][:2] for key in session._plans._items}
+    assert not kept & reach
     (form,) = session._trusted_forms.values()
     assert form.prepared[0] and form.programs and all(p.confirmed for p in form.programs)
     prepared = len(concrete_inferences)
@@ -238,3 +243,68 @@ def test_the_ladder_stops_at_its_budget():
     assert [feeds["x"].shape for feeds in runs[::prepared_forms.LADDER_RUNS]] == \
         [(b, 8) for b in range(1, ran + 1)]
     assert prepared_forms.run_ladder(sizes, run, budget_s=-1.0) == 0
+
+
+def test_reach_sizes_double_each_group_from_sixteen_times_within_the_feeds_bytes():
+    session = mixrt.Session(attention_model())
+    session.run(None, attention_feeds(2, 9))
+    (form,) = session._trusted_forms.values()
+    groups = prepared_forms.reach_sizes(form.signature, session.graph)
+    shapes = [[dict(signature)["x"][0][:2] for signature in group] for group in groups]
+    # x (b, l, 16) float32 and the mask (b, l) int64: 72 bytes a position, 1 MiB at most
+    assert shapes == [[(2, 9), (128, 9), (256, 9), (512, 9), (1024, 9)],
+                      [(2, 9), (2, 144), (2, 288), (2, 576), (2, 1152), (2, 2304),
+                       (2, 4608)]]
+
+
+def test_the_reach_runs_within_its_budget_and_stops_a_group_at_a_refusal():
+    import time  # noqa: PLC0415
+    group = [(("x", ((batch, 8), "float32")),) for batch in (4, 128, 256, 512, 1024)]
+    bases, reached = [], []
+
+    def run(feeds):
+        bases.append(feeds["x"].shape[0])
+        time.sleep(0.001)
+
+    def let_go(signature, feeds):  # a run in proportion to the rows, twice
+        reached.append(feeds["x"].shape[0])
+        time.sleep(2 * 0.001 * feeds["x"].shape[0] / 4)
+        return 0.001 * feeds["x"].shape[0] / 4
+
+    # 32 ms expected at 128 rows, 64 at 256: the second stops at REACH_RUN_MAX_S (50 ms)
+    assert prepared_forms.run_reach([group], run, let_go, budget_s=5.0) == 1
+    assert bases == [4] and reached == [128]
+    reached.clear()
+    assert prepared_forms.run_reach([group], run, let_go, budget_s=0.05) == 0  # 2 x 32 ms
+    assert reached == []
+
+    def refuse(signature, feeds):
+        reached.append(feeds["x"].shape[0])
+        if feeds["x"].shape[0] > 128:
+            raise ValueError("past the model's positions")
+        return 1e-5
+    assert prepared_forms.run_reach([group, group], run, refuse, budget_s=5.0) == 2
+    assert reached == [128, 256, 128, 256]
+
+
+def test_a_first_large_batch_after_wait_compiled_loads_nothing_and_holds_no_plan(monkeypatch):
+    """A batch form warmed at one row: the wait runs the batches past its ladder, so a
+    service's first batch of thousands loads no kernel in the request; those runs keep no
+    plan, and the arena memory they grew (small here) stays for the batches to come."""
+    import numba.core.dispatcher as dispatcher  # noqa: PLC0415
+    data = _batch_mlp()
+    session = mixrt.Session(data)
+    reference = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    session.run(None, {"x": np.zeros((1, 8), np.float32)})
+    session.wait_compiled(600)
+    plans = len(session._plans)
+    assert all(dict(key)["x"][0][0] <= prepared_forms.LADDER_TOP
+               for key in session._plans._items)
+    compiles = []
+    real = dispatcher.Dispatcher._compile_for_args
+    monkeypatch.setattr(dispatcher.Dispatcher, "_compile_for_args",
+                        lambda self, *a, **k: compiles.append(self) or real(self, *a, **k))
+    x = np.random.default_rng(3).standard_normal((3000, 8)).astype(np.float32)
+    np.testing.assert_allclose(session.run(None, {"x": x})[0],
+                               reference.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    assert compiles == [] and len(session._plans) == plans + 1

@@ -117,6 +117,25 @@ class FormWakes:
             self.alone_up_to = max(self.alone_up_to, work)
 
 
+# bytes of values and constants under which a run does not wake the native threads as it starts
+# (ops/compiled/jit_cpu.native_pool): such small models' kernels seldom split their work, and one
+# that does wakes them itself (a worker then joins 10-15 us late). Once a process had loaded them,
+# the wake cost a one-node model's run ~9 us (20 -> 11 us: the system call, then a worker spinning
+# ~45 us beside it)
+WAKE_BYTES = 1 << 18
+
+
+def sizable(*groups) -> bool:
+    """Whether the arrays in ``groups`` hold WAKE_BYTES together."""
+    total = 0
+    for group in groups:
+        for value in group:
+            total += getattr(value, "nbytes", 0)
+            if total >= WAKE_BYTES:
+                return True
+    return False
+
+
 def join_form(forms: dict, form, plan, feed_elements: int) -> None:
     """``plan`` (an ``ExecutionPlan``) joins ``form``'s :class:`FormWakes` in ``forms`` (a
     session's table, form -> its FormWakes); its work, its arena's bytes and its feeds'

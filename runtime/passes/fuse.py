@@ -24,8 +24,8 @@ from mixrt.ops.nn.fused import ACTIVATIONS
 from mixrt.ops.ir.types import broadcast_or_none
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.passes.rewrite import (constant_scopes, dtype_of, kernel_for, read_counts,
-                                          remove_nodes)
+from mixrt.runtime.passes.rewrite import (NameMaker, constant_scopes, dtype_of, kernel_for,
+                                          read_counts, remove_nodes)
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _GEMM_ATTRIBUTES = ("alpha", "beta", "transA", "transB")
@@ -62,6 +62,7 @@ class _Readers:
 
     def __init__(self, g: Graph):
         self.g, self.counts = g, read_counts(g)
+        self.names: NameMaker | None = None  # made for the first constant a fusion adds
         self.readers = {n: node for node in g.nodes for n in node.inputs if n}
 
     def fused(self, node: Node) -> None:
@@ -220,7 +221,10 @@ def _fuse_gemm(g: Graph, gemm: Node, constants: dict, types: dict, index: _Reade
     if not follow.absorbed:
         return 0
     attributes = {k: v for k, v in gemm.attributes.items() if k in _GEMM_ATTRIBUTES}
-    _replace(g, gemm, follow, "FusedGemm", list(gemm.inputs), attributes, activation, params)
+    inputs = list(gemm.inputs)
+    if len(inputs) > 2 and inputs[2] in constants:
+        inputs[2] = _per_column(g, inputs[2], constants, index)
+    _replace(g, gemm, follow, "FusedGemm", inputs, attributes, activation, params)
     return 1
 
 
@@ -234,7 +238,7 @@ def _fuse_matmul(g: Graph, matmul: Node, constants: dict, types: dict, index: _R
     bias = _residual(follow.next_node(), follow.value, types)
     if bias is not None and bias in constants:
         follow.take(follow.next_node())
-        inputs[2] = bias
+        inputs[2] = _per_column(g, bias, constants, index)
     z = _residual(follow.next_node(), follow.value, types)
     if z is not None:
         follow.take(follow.next_node())
@@ -244,6 +248,22 @@ def _fuse_matmul(g: Graph, matmul: Node, constants: dict, types: dict, index: _R
         return 0
     _replace(g, matmul, follow, "FusedMatMul", _trim(inputs), {}, activation, params)
     return 1
+
+
+def _per_column(g: Graph, name: str, constants: dict, index: _Readers) -> str:
+    """A constant bias of shape (1, ..., 1, N) as a (N,) constant of its own (the bias of a
+    product whose rank the fusion checked is at least the bias's: the same sums). The
+    panels add a bias of one value a column in their tiles, and the node's rows route
+    keeps it for a new number of rows; a scikit-learn MLP's (1, N) intercepts took the
+    full route and a pass of their own at every new batch size (2026-12-04)."""
+    value = constants[name]
+    if value.ndim <= 1 or any(dim != 1 for dim in value.shape[:-1]):
+        return name
+    if index.names is None:
+        index.names = NameMaker(g)
+    flat = index.names(f"{name}_columns")
+    g.initializers[flat] = constants[flat] = np.ascontiguousarray(value.reshape(-1))
+    return flat
 
 
 _MAKERS = {"Conv": _fuse_conv, "Gemm": _fuse_gemm, "MatMul": _fuse_matmul}
