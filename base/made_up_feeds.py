@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
+
+from mixrt.base.errors import InputError
+
 _running = [0]  # made-up runs in progress in this process
 
 
@@ -34,3 +38,15 @@ def made_up():
         yield
     finally:
         _running[0] -= 1
+
+
+def random_array(rng, dtype: np.dtype, shape: tuple, high: int = 10) -> np.ndarray:
+    """Random values of ``dtype``: standard normal floats, integers from 0 below ``high``,
+    booleans (``mixrt check``'s inputs, a row bucket's check)."""
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype.kind in "iu":
+        return rng.integers(0, high, shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    raise InputError(f"cannot draw random inputs of dtype {dtype}; pass the inputs")

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from mixrt.base.errors import InputError, MixrtError, missing_dependency
+from mixrt.base.made_up_feeds import random_array
 from mixrt.ops.ir.types import MapType, TensorType
 from mixrt.ops.device import parse_device
 from mixrt.runtime.graph import Graph
@@ -107,7 +108,7 @@ def random_feeds(graph: Graph, dims: dict, seed: int = 0) -> dict:
                              f"pass its values explicitly")
         shape = tuple(d if isinstance(d, int) else int(dims.get(d, 1)) for d in
                       value_type.shape)
-        feeds[value.name] = _random_array(rng, np.dtype(value_type.dtype), shape)
+        feeds[value.name] = random_array(rng, np.dtype(value_type.dtype), shape)
     return feeds
 
 
@@ -125,18 +126,8 @@ def _random_map(rng, graph: Graph, value) -> dict:
                          f"only for a DictVectorizer's input (its vocabulary gives the keys). "
                          f"Pass this input as a dict: validate(model, feeds) in Python "
                          f"(mixrt check --input reads .npy arrays, which cannot hold a map)")
-    values = _random_array(rng, np.dtype(dtype), (len(keys),)).tolist()
+    values = random_array(rng, np.dtype(dtype), (len(keys),)).tolist()
     return dict(zip(keys, values))
-
-
-def _random_array(rng, dtype: np.dtype, shape: tuple) -> np.ndarray:
-    if dtype.kind == "f":
-        return rng.standard_normal(shape).astype(dtype)
-    if dtype.kind in "iu":
-        return rng.integers(0, 10, shape).astype(dtype)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, shape).astype(bool)
-    raise InputError(f"cannot draw random inputs of dtype {dtype}; pass the inputs")
 
 
 def _onnxruntime_outputs(model, graph: Graph, feeds: dict) -> list:

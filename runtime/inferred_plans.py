@@ -221,7 +221,7 @@ class ShapeProgram:
     signature (``passes/infer.py`` finds the kernel, builds the keyword arguments and types
     the bodies at every node: ~11 us a node, 4.4 ms of a 6-layer BERT's new length). It
     gives the types :func:`~mixrt.runtime.passes.infer.infer_types` gives for a graph
-    without subgraphs whose inputs are typed by the feeds (``Session._with_input_shapes``);
+    without subgraphs whose inputs are typed by the feeds (``passes.infer.with_input_shapes``);
     the plans made from them are checked by their first run as any inferred plan.
 
     Inference is a function of the op, its attributes and its arguments' types: within one

@@ -40,6 +40,7 @@ from mixrt.base import made_up_feeds
 from mixrt.base.settings import setting
 from mixrt.runtime import collector
 from mixrt.runtime.inferred_plans import ShapeProgram, TrustedForm, plan_for_form
+from mixrt.runtime.row_buckets import RowBuckets, batch_names, rows_stay_apart, verified
 
 
 @dataclass
@@ -51,9 +52,10 @@ class Prepared:
     sizes: list = field(default_factory=list)
     ladder: list = field(default_factory=list)
     reach: list = field(default_factory=list)
+    buckets: RowBuckets | None = None  # a row-wise form's, once verified (run_prepared)
 
     def __bool__(self) -> bool:
-        return bool(self.sizes or self.ladder or self.reach)
+        return bool(self.sizes or self.ladder or self.reach or self.buckets)
 
 
 def prepare_forms(forms, program: ShapeProgram | None, bound, graph,
@@ -75,6 +77,10 @@ def prepare_forms(forms, program: ShapeProgram | None, bound, graph,
         prepared.sizes += spread_sizes(form.signature, graph)
         prepared.ladder += ladder_sizes(form.signature, graph)
         prepared.reach += reach_sizes(form.signature, graph)
+        if prepared.buckets is None and ladder_sizes(form.signature, graph) \
+                and batch_names(form.signature, _free_groups(graph, form.signature)) \
+                and rows_stay_apart(graph):
+            prepared.buckets = RowBuckets(form.signature, LADDER_TOP)
     return program, prepared
 
 
@@ -99,14 +105,28 @@ def _zeros(signature: tuple) -> dict:
     return {name: np.zeros(part[0], np.dtype(part[1])) for name, part in signature}
 
 
-def run_prepared(prepared: Prepared, run, run_let_go) -> None:
+def run_prepared(prepared: Prepared, run, run_let_go) -> RowBuckets | None:
     """:func:`run_made_up` at the prepared sizes, :func:`run_ladder` at its ladder (the
     plans they make are ``prepared``, ``Session._kept``: none of their calls is trimmed
     meanwhile, most not among the last run, or a ladder's sizes were bound again by their
-    first requests), then :func:`run_reach`, its larger sizes through ``run_let_go``."""
+    first requests), then :func:`run_reach`, its larger sizes through ``run_let_go``.
+    Returns the row buckets of a form they hold for (``runtime/row_buckets.py``: checked,
+    then their sizes run as a ladder's, as far as BUCKETS_BUDGET_S goes), or None."""
     run_made_up(prepared.sizes, run)
     run_ladder(prepared.ladder, run)
     run_reach(prepared.reach, run, run_let_go)
+    buckets = prepared.buckets
+    if buckets is None or not verified(buckets, run, run_let_go):
+        return None
+    ladder = [tuple((name, ((size,) + buckets.rest[name], buckets.dtypes[name].str))
+                    for name in buckets.names) for size in buckets.sizes]
+    run_ladder([signature for signature in ladder if _feed_bytes(signature) <= SPREAD_MAX_BYTES],
+               run, BUCKETS_BUDGET_S)
+    return buckets
+
+
+# a wait's time for running the row buckets' sizes (each three times, as the ladder's)
+BUCKETS_BUDGET_S = 0.5
 
 
 def run_ladder(sizes: list[tuple], run, budget_s: float | None = None) -> int:
@@ -250,7 +270,7 @@ def run_reach(groups: list[list[tuple]], run, run_let_go, budget_s: float | None
     """Each group of :func:`reach_sizes` on feeds of zeros: its first (the size the session
     ran) timed through ``run(feeds)``, then each larger size through ``run_let_go(signature,
     feeds)``, which runs it twice, lets its plan go and returns the second run's seconds
-    (the first loads what the size's routes need). A size runs while its time, expected
+    and outputs (the first loads what the size's routes need). A size runs while its time, expected
     from the last one's in proportion to the feeds, is within REACH_RUN_MAX_S and the wait's
     ``budget_s`` (``REACH_BUDGET_S``) holds its two runs; a group stops at the first size
     the model refuses (a length past its positions). Returns how many larger sizes ran."""
@@ -271,7 +291,7 @@ def run_reach(groups: list[list[tuple]], run, run_let_go, budget_s: float | None
                         time.monotonic() + 2 * expected > deadline:
                     break
                 try:
-                    last = run_let_go(signature, _zeros(signature))
+                    last = run_let_go(signature, _zeros(signature))[0]
                 except Exception:  # noqa: BLE001  (a size past the model's: larger ones too)
                     break
                 last_bytes = _feed_bytes(signature)

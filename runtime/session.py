@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import ChainMap
-from dataclasses import replace
 from functools import partial
 from typing import Any, Callable
 
@@ -32,7 +31,6 @@ from mixrt.base.run_options import RunOptions
 from mixrt.ops.compiled import jit_cpu, jit_tier, parallel
 from mixrt.ops.compiled.worker_wakes import join_form, sizable
 from mixrt.ops.elementwise.elementwise import quiet_numpy
-from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.blas_threads import GATE as BLAS_GATE, UNGATED
 from mixrt.ops import device_checks
 from mixrt.runtime import arenas, collector, kernel_tiers, quiet_time
@@ -49,7 +47,7 @@ from mixrt.runtime.feeds import feed_elements, feed_signature, signature_form
 from mixrt.runtime.inferred_plans import (ShapeProgram, TrustedForm, inference_was_exact,
                                           plan_for_form)
 from mixrt.runtime.prepared_forms import prepare_forms, run_prepared
-from mixrt.runtime.graph import Graph, Value
+from mixrt.runtime.graph import Graph
 from mixrt.runtime.onnxruntime_surface import (NodeArg, check_option, check_option_names,
                                                device_choice, node_arg)
 from mixrt.runtime.passes.autodiff import expand_gradient_ops
@@ -60,7 +58,7 @@ from mixrt.runtime.support import check_gpu_dtypes
 from mixrt.runtime.lru import LruCache
 from mixrt.runtime.memory import STRATEGIES, MemoryPlan
 from mixrt.runtime.passes import optimize
-from mixrt.runtime.passes.infer import infer_types, without_body_declarations
+from mixrt.runtime.passes.infer import infer_types, with_input_shapes
 from mixrt.runtime.profiler import Profiler, symbolic_profiler
 
 # input-shape signatures whose plans a session keeps, and the bytes their arenas may hold of
@@ -150,6 +148,7 @@ class Session(FeedChecks):
         self._steady_runs: dict = {}
         self._plans_made = 0  # plans this session made (every TRIM_EVERY, trim_idle_calls)
         self._settled = False  # wait_compiled's collector.settle taken
+        self._row_buckets = None  # a row-wise form's, from wait_compiled (row_buckets.py)
         # the host memory the arenas of all its CPU plans lie on (arenas.ArenaMemory)
         self._arena_memory = ArenaMemory() if self._xp is np else None
         self._plans = LruCache(MAX_CACHED_PLANS, arenas.plan_bytes if self._arena_memory is None
@@ -192,12 +191,25 @@ class Session(FeedChecks):
         quiet_time.note_run()  # an idle compile child stops (runtime/quiet_time.py)
         if run_options is not None:  # a time limit, or a terminate flag to watch
             return self._limited_run(output_names, feeds, run_options)
-        if output_names is None and feeds.__class__ is dict and self._steady_runs:
-            steady = self._steady_runs.get(feed_key(feeds))
-            if steady is not None and symbolic_profiler() is None \
-                    and kernel_tiers._LOADING.get() is None:  # a loading run takes its turn aside
-                return self._gate.run(steady.run, feeds)
+        if output_names is None and feeds.__class__ is dict:
+            outputs = self._steady(feeds)
+            if outputs is None and self._row_buckets is not None:  # a batch past the ladder
+                outputs = self._row_buckets.run(feeds, self._all_outputs)
+            if outputs is not None:
+                return outputs
         return self._run(output_names, feeds, host=True)
+
+    def _steady(self, feeds: dict) -> list | None:
+        """The outputs of ``feeds``' steady lane, where they have one (None otherwise)."""
+        steady = self._steady_runs.get(feed_key(feeds)) if self._steady_runs else None
+        if steady is not None and symbolic_profiler() is None \
+                and kernel_tiers._LOADING.get() is None:  # a loading run takes its turn aside
+            return self._gate.run(steady.run, feeds)
+        return None
+
+    def _all_outputs(self, feeds: dict) -> list:
+        outputs = self._steady(feeds)
+        return outputs if outputs is not None else self._run(None, feeds, host=True)
 
     def _limited_run(self, output_names, feeds: dict, options: RunOptions) -> list:
         """:meth:`run` under ``options``' limits (``base/run_options.py``): the run loop and
@@ -257,7 +269,9 @@ class Session(FeedChecks):
         # on the compiled tier, once its kernels are in (a service's empty caches: not at
         # first); after a timeout or a failed compile they would only take the NumPy tier
         if prepared and ready:  # their plans keep their calls (_kept), the reach's go
-            run_prepared(prepared, lambda feeds: self.run(None, feeds), self._run_let_go)
+            buckets = run_prepared(prepared, lambda feeds: self.run(None, feeds),
+                                   self._run_let_go)
+            self._row_buckets = buckets or self._row_buckets
             if self._tiers is not None:
                 ready = self._tiers.wait(None if deadline is None
                                          else max(0.0, deadline - time.monotonic()))
@@ -266,16 +280,16 @@ class Session(FeedChecks):
             collector.settle(self)
         return ready
 
-    def _run_let_go(self, signature: tuple, feeds: dict) -> float:
+    def _run_let_go(self, signature: tuple, feeds: dict) -> tuple[float, list]:
         """``feeds`` (of ``signature``) run twice, their plan then let go, and the arena
         memory it grew with it where that passed REACH_KEEP_BYTES (prepared_forms.run_reach:
         a service never sending such sizes holds little for them, one sending them finds
-        its pages touched); returns the second run's seconds."""
+        its pages touched); returns the second run's seconds and outputs."""
         memory = self._arena_memory
         before = None if memory is None else memory.current
         self.run(None, feeds)
         started = time.perf_counter()
-        self.run(None, feeds)
+        outputs = self.run(None, feeds)
         took = time.perf_counter() - started
         plan = self._plans.get(signature)
         self._plans.drop(signature)  # its steady lanes with it (_drop_lanes)
@@ -285,7 +299,7 @@ class Session(FeedChecks):
         grown = None if memory is None else memory.current
         if grown is not None and grown is not before and grown.buffer.nbytes > REACH_KEEP_BYTES:
             memory.current = before
-        return took
+        return took, outputs
 
     def _gated_run(self, signature, feeds: dict, wanted, process, delivery: tuple) -> list:
         """Session.run's work, admitted by the BLAS gate (runtime/blas_threads.py);
@@ -510,7 +524,7 @@ class Session(FeedChecks):
         env = ChainMap(dict(feeds), self._bound.constants)
         execute(self._bound.nodes, env, self._xp, profiler=profiler)
         settle = FrozenValues(self._bound.nodes, env.maps[0], self._bound.constants.keys())
-        inferred = infer_types(_with_input_shapes(self.graph, feeds), settle=settle)
+        inferred = infer_types(with_input_shapes(self.graph, feeds), settle=settle)
         plan = make_plan(signature, self._bound.nodes, self.graph.output_names, env.maps[0],
                          inferred, settle.values, self.strategy,
                          stored=self.graph.plans,
@@ -580,16 +594,3 @@ def _optimized(graph: Graph, opt_level: int) -> Graph:
         return graph
     # ONNX's Gradient op has no kernel: it becomes the backward nodes it stands for
     return optimize(expand_gradient_ops(graph), opt_level)
-
-
-def _with_input_shapes(graph: Graph, feeds: dict) -> Graph:
-    """The graph with its inputs typed by the feeds' concrete shapes, for shape inference
-    (declared intermediate types are dropped: they may carry symbolic dims, and a body's
-    declarations may claim a shape its values do not have)."""
-    inputs = []
-    for value in graph.inputs:
-        fed = feeds.get(value.name)
-        if fed is not None and hasattr(fed, "shape"):
-            value = Value(value.name, TensorType(np.dtype(fed.dtype), tuple(fed.shape)))
-        inputs.append(value)
-    return without_body_declarations(replace(graph, inputs=inputs, value_types={}))

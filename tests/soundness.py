@@ -22,8 +22,8 @@ from mixrt.ops.ir.types import SequenceType, TensorType
 from mixrt.runtime import run_loop
 from mixrt.runtime import session as session_module
 from mixrt.runtime.graph import Value
-from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.session import Session, _with_input_shapes, load_graph
+from mixrt.runtime.passes.infer import infer_types, with_input_shapes as _with_input_shapes
+from mixrt.runtime.session import Session, load_graph
 
 
 def fits(value_type, value) -> bool:

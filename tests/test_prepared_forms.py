@@ -269,7 +269,7 @@ def test_the_reach_runs_within_its_budget_and_stops_a_group_at_a_refusal():
     def let_go(signature, feeds):  # a run in proportion to the rows, twice
         reached.append(feeds["x"].shape[0])
         time.sleep(2 * 0.001 * feeds["x"].shape[0] / 4)
-        return 0.001 * feeds["x"].shape[0] / 4
+        return 0.001 * feeds["x"].shape[0] / 4, []
 
     # 32 ms expected at 128 rows, 64 at 256: the second stops at REACH_RUN_MAX_S (50 ms)
     assert prepared_forms.run_reach([group], run, let_go, budget_s=5.0) == 1
@@ -282,7 +282,7 @@ def test_the_reach_runs_within_its_budget_and_stops_a_group_at_a_refusal():
         reached.append(feeds["x"].shape[0])
         if feeds["x"].shape[0] > 128:
             raise ValueError("past the model's positions")
-        return 1e-5
+        return 1e-5, []
     assert prepared_forms.run_reach([group, group], run, refuse, budget_s=5.0) == 2
     assert reached == [128, 256, 128, 256]
 
@@ -292,6 +292,7 @@ def test_a_first_large_batch_after_wait_compiled_loads_nothing_and_holds_no_plan
     service's first batch of thousands loads no kernel in the request; those runs keep no
     plan, and the arena memory they grew (small here) stays for the batches to come."""
     import numba.core.dispatcher as dispatcher  # noqa: PLC0415
+    monkeypatch.setattr(prepared_forms, "rows_stay_apart", lambda graph: False)  # no buckets
     data = _batch_mlp()
     session = mixrt.Session(data)
     reference = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])

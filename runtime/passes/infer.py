@@ -16,6 +16,8 @@ import threading
 from contextlib import contextmanager
 from dataclasses import replace
 
+import numpy as np
+
 from mixrt.ops.ir.registry import REGISTRY
 from mixrt.ops.ir.types import UNKNOWN, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node, Value
@@ -273,3 +275,16 @@ def first_input_dtype(node: Node, types: dict) -> str | None:
                 return value_type.dtype.name
             return None
     return None
+
+
+def with_input_shapes(graph: Graph, feeds: dict) -> Graph:
+    """The graph with its inputs typed by the feeds' concrete shapes, for shape inference
+    (declared intermediate types are dropped: they may carry symbolic dims, and a body's
+    declarations may claim a shape its values do not have)."""
+    inputs = []
+    for value in graph.inputs:
+        fed = feeds.get(value.name)
+        if fed is not None and hasattr(fed, "shape"):
+            value = Value(value.name, TensorType(np.dtype(fed.dtype), tuple(fed.shape)))
+        inputs.append(value)
+    return without_body_declarations(replace(graph, inputs=inputs, value_types={}))
