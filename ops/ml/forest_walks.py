@@ -172,8 +172,10 @@ class _Forest(_ForestTables):
             self._walk_parts(kernel, data, tables, rows, outputs, sums)
             return
         candidates = self.walk_candidates(precision)
+        loaded = choices.loaded(kernel, (data.dtype.char, precision), lambda index: (
+            data, 0, rows, *candidates[index], *outputs))
         walk_choice.walk(choice, lambda index: self._walk_parts(
-            kernel, data, candidates[index], rows, outputs, sums))
+            kernel, data, candidates[index], rows, outputs, sums), loaded)
 
     def _walk_parts(self, kernel, data, tables, rows, outputs, sums):
         block = rows if run_options.current() is None \

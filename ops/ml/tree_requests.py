@@ -13,10 +13,12 @@ same values either way (the same compiled functions in the same order).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from mixrt.base import made_up_feeds
-from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled import jit_cpu, jit_tier
 from mixrt.ops.compiled.worker_wakes import runs_alone
 from mixrt.ops.compiled.jit_tier import compiled_allowed
 from mixrt.ops.ml import walk_choice
@@ -26,13 +28,15 @@ from mixrt.ops.ml.forest_walks import SPLIT_ROWS
 _FLOAT32 = np.dtype(np.float32)
 _NO_ROW_FITS = 1 << 62  # the width asked of rows where a node reads a negative feature
 _ANY_COUNT = 1 << 62  # the most rows of :meth:`_Request.takes_any_count`
+SPLIT_RECHECK_S = 30.0  # how long rows past the one call stay on it where the split's
+# kernels were in no cache (:meth:`_Request._split_or_one_call`)
 
 
 class _Request:
     """What a request path checks of ``X`` before its one compiled call."""
 
     __slots__ = ("kernels", "forest", "precision", "tables", "candidates", "choices", "width",
-                 "most_rows", "most_rows_alone", "split_from")
+                 "most_rows", "most_rows_alone", "split_from", "split_missed")
 
     def __init__(self, kernels, forest, precision):
         self.kernels, self.forest, self.precision = kernels, forest, precision
@@ -48,6 +52,8 @@ class _Request:
         self.most_rows_alone = forest.alone_rows_asleep()
         # the fewest rows whose walk is split by trees (fewer than two parts' rows), or None
         self.split_from = forest.tree_split_rows()
+        # when past_one_call last met a kernel in no cache (_split_or_one_call), or None
+        self.split_missed = None
 
     def _walk(self, kernel, X, arguments, rest, *outputs, by_trees):
         """kernel(X, *arguments, *outputs) with the walk the batch's choice keeps (timed
@@ -70,7 +76,9 @@ class _Request:
         def run(index):
             if not by_trees(candidates[index]):
                 kernel(X, *candidates[index], *rest, *outputs)
-        walk_choice.walk(choice, run)
+        loaded = self.choices.loaded(kernel, (X.dtype.char, self.precision), lambda index: (
+            X, *candidates[index], *rest, *outputs))
+        walk_choice.walk(choice, run, loaded)
 
     def _ready_by_trees(self) -> None:
         """Where a request of a few rows is split by trees (``forest.tree_parts``), one
@@ -127,7 +135,29 @@ class _Request:
         than 12 rows of a request 10 ms after the last, cold (2026-11-30)."""
         if X.shape[0] <= self._most_rows_now():
             return self.answer(X)
-        return self.past_one_call(X)
+        return self._split_or_one_call(X)
+
+    def _split_or_one_call(self, X):
+        """:meth:`past_one_call` where its kernels load without compiling, else the one
+        call (:meth:`answer`, all rows on this thread). The bound call may have been made on
+        made-up rows with the workers asleep (a row bucket's, ``runtime/row_buckets.py``),
+        whose runs never called the split's kernels: XGBoost's first real request of 1,282
+        rows with the workers awake compiled its sums walk there, 2.1 s (2026-12-04).
+        Run on the real rows inside ``jit_tier.loading_only`` (~2 us of the hundreds of
+        rows' walk), as the walk it takes depends on the batch's size class
+        (``walk_choice.py``): a kernel in no cache raises before it writes, and the
+        outputs are the call's own new arrays."""
+        if jit_tier.compile_misses() is not None or not jit_tier.background_compiles():
+            return self.past_one_call(X)  # a loading run's miss is its own; or compiling here
+        missed = self.split_missed
+        if missed is not None and time.monotonic() - missed < SPLIT_RECHECK_S:
+            return self.answer(X)
+        try:
+            with jit_tier.loading_only():
+                return self.past_one_call(X)
+        except jit_tier.CompileForbidden:
+            self.split_missed = time.monotonic()
+        return self.answer(X)
 
     def past_one_call(self, X):  # (each kind of request says how)
         raise NotImplementedError

@@ -29,6 +29,16 @@ first call after another walk's is the one that teaches the core its branches. T
 once, the branching walk lost to the stepped walk that it beats once learnt: XGBoost's
 46-tree regressor at 7,450 rows of its dataset kept the stepped walk, 2.69 ms a call,
 against the branching walk's 1.98 (onnxruntime 1.5-2.3; 2026-12-04).
+
+Each walk is a numba kernel called with its own tables, so each is its own compiled
+signature, and a session's first runs (on made-up rows, or the one walk a first call
+times) may have loaded only the first. Nothing is compiled in a request: a walk whose
+signature is in no cache is left out (:meth:`WalkChoices.loaded`, :func:`walk`),
+and a process that compiles in the foreground (the background compiler's child,
+``runtime/compile_worker.py``) compiles every walk's signature the first time it times one,
+so the cache the session loads from holds them all. Before, a row bucket's bound call
+(``runtime/row_buckets.py``), made on made-up rows, timed XGBoost's branching walk at its
+first real request of 1,282 rows and compiled it there: 2.3 s (2026-12-04).
 """
 
 from __future__ import annotations
@@ -36,12 +46,15 @@ from __future__ import annotations
 import time
 
 from mixrt.base import made_up_feeds
+from mixrt.ops.compiled import jit_tier
 
 SAMPLES = 4  # timed calls of each walk before the fastest one is kept
 RETUNE_CALLS = 4096  # calls of one batch size between two rounds of timing
 MOST_SIZES = 64  # classes of batch sizes a forest keeps a choice for (others: the stepped walk)
 LONG_CALL_NS = 2_000_000  # a walk whose call takes this long is timed LONG_SAMPLES times
 LONG_SAMPLES = 2
+LEFT_OUT_NS = 1 << 62  # the time a walk whose kernel is in no cache counts as
+RECHECK_NS = 30_000_000_000  # how long a walk found in no cache stays left out
 
 clock = time.perf_counter_ns  # what a walk is timed by
 
@@ -80,6 +93,17 @@ class WalkChoice:
             fastest = [min(times) for times in samples]
             self._kept = fastest.index(min(fastest))
 
+    def leave_out(self, index: int) -> None:
+        """Walk ``index`` cannot run here without compiling: timed as never fastest, until
+        the next round of timing asks again."""
+        while not _enough(self._samples[index]):
+            self.timed(index, LEFT_OUT_NS)
+
+    @property
+    def count(self) -> int:
+        """The walks chosen among."""
+        return len(self._samples)
+
     @property
     def kept(self) -> int | None:
         """The walk kept, or None while timing."""
@@ -94,13 +118,15 @@ def _enough(times: list[int]) -> bool:
 
 class WalkChoices:
     """A forest's choices by class of batch size (a power of two apart), among ``count``
-    walks."""
+    walks, and which walks each of its kernels may run without compiling
+    (:meth:`loaded`)."""
 
-    __slots__ = ("_by_rows", "_count")
+    __slots__ = ("_by_rows", "_count", "_loaded")
 
     def __init__(self, count: int = 4):
         self._by_rows: dict[int, WalkChoice] = {}
         self._count = count
+        self._loaded: dict = {}  # (kernel, key) -> (walks loaded, when a walk was not)
 
     def for_rows(self, rows: int) -> WalkChoice | None:
         size_class = rows.bit_length()
@@ -109,15 +135,39 @@ class WalkChoices:
             choice = self._by_rows.setdefault(size_class, WalkChoice(self._count))
         return choice
 
+    def loaded(self, kernel, key, kernel_arguments) -> tuple | None:
+        """Which walks ``kernel`` may take here without compiling, a bool each, or None
+        for all (:func:`_loaded`); ``kernel_arguments(index)``: walk ``index``'s arguments
+        of ``kernel``, ``key`` what their types depend on besides the walk (the dtypes).
+        Kept, as a dict lookup a call; where a walk was not loaded, asked again after
+        RECHECK_NS (a child may have compiled it since)."""
+        known = self._loaded.get((kernel, key))
+        if known is not None and (known[1] is None or clock() - known[1] < RECHECK_NS):
+            return known[0]
+        walks = _loaded(kernel, kernel_arguments, self._count)
+        if walks is not None or jit_tier.compile_misses() is None:
+            self._loaded[(kernel, key)] = (walks, None if walks is None or all(walks)
+                                           else clock())
+        return walks
 
-def walk(choice: WalkChoice, run) -> None:
+
+def walk(choice: WalkChoice, run, loaded: tuple | None = None) -> None:
     """``run(index)`` with the walk ``choice`` keeps, timed while it is being chosen; on
     feeds a session made up (``base/made_up_feeds.py``) the kept walk, else the first,
-    untimed."""
+    untimed. ``loaded``: which walks ``run`` may take without compiling
+    (:meth:`WalkChoices.loaded`): the others are left out of the timing, and where the
+    kept walk is one (kept by another kernel's timing: a forest's kernels share its
+    choices), the first loaded walk runs instead."""
     if made_up_feeds.in_progress():
         run(choice.kept or 0)
         return
     index, timing = choice.next()
+    if loaded is not None:
+        while timing and not loaded[index]:
+            choice.leave_out(index)
+            index, timing = choice.next()
+        if not loaded[index] and True in loaded:
+            index, timing = loaded.index(True), False
     if not timing:
         run(index)
         return
@@ -125,3 +175,35 @@ def walk(choice: WalkChoice, run) -> None:
     run(index)
     choice.timed(index, clock() - started)
 
+
+def _loaded(kernel, kernel_arguments, count: int) -> tuple | None:
+    """Which of ``count`` walks ``kernel`` runs without compiling in this call. Inside a
+    loading run (``jit_tier.loading_only``) every walk, as None: a miss is that run's to
+    note and to answer on its NumPy path. Where this process compiles in the foreground
+    (the background compiler's child) every walk's signature is compiled now, so that the
+    cache holds them all. Else a walk whose signature is neither loaded nor loads from a
+    cache (a load, not a compile: ~ms, once) is not."""
+    if jit_tier.compile_misses() is not None:
+        return None
+    signatures = [_signature(kernel, kernel_arguments(index)) for index in range(count)]
+    if not jit_tier.background_compiles():
+        for signature in signatures:
+            kernel.compile(signature)
+        return None
+    return tuple(_loads(kernel, signature) for signature in signatures)
+
+
+def _loads(kernel, signature: tuple) -> bool:
+    if signature in kernel.overloads:
+        return True
+    try:
+        with jit_tier.loading_only():
+            kernel.compile(signature)
+    except jit_tier.CompileForbidden:
+        return False
+    return True
+
+
+def _signature(kernel, arguments: tuple) -> tuple:
+    """The numba types ``kernel`` would be compiled for on ``arguments``."""
+    return tuple(kernel.typeof_pyval(argument) for argument in arguments)

@@ -167,3 +167,35 @@ def test_rows_a_request_cannot_take_have_no_bound_call():
     _, _, state = _twice(ml_trees.tree_ensemble_classifier, x, attrs)
     for rows in (x.astype(np.float64), np.asfortranarray(x), x[:, :1]):
         assert ml_trees.bind_tree_request((rows,), None, {"_node": state}) is None
+
+
+@pytest.mark.parametrize("kind", ["classifier", "regressor"])
+def test_rows_past_the_one_call_take_it_where_the_splits_kernels_are_in_no_cache(
+        monkeypatch, kind):
+    """A bound call made on made-up rows with the workers asleep (a row bucket's) never
+    called the split walk's kernels: where one is in no cache, the rows take the one call
+    (the same bits) instead of compiling in the request, and the split is not tried again
+    for SPLIT_RECHECK_S."""
+    monkeypatch.setenv("MIXRT_COMPILE", "background")
+    kernel, attrs = _kind(rng := np.random.default_rng(41), kind)
+    x = _rows(rng, 60)
+    first, _, state = _twice(kernel, x, attrs)
+    request = next(v.request for v in state.values() if getattr(v, "request", None))
+    request.most_rows = request.most_rows_alone = 8  # these rows: past the one call
+    tried, split = [], type(request).past_one_call
+
+    def in_no_cache(self, rows):
+        tried.append(jit_tier.compile_misses() is not None)  # inside loading_only
+        raise jit_tier.CompileForbidden("the split walk's kernel is in no cache")
+    monkeypatch.setattr(type(request), "past_one_call", in_no_cache)
+    with jit_tier.using(True), parallel.pinned():
+        answers = [request.any_rows(x) for _ in range(3)]
+    assert tried == [True]
+    for answer in answers:
+        _equal(answer, first)
+    now = tree_requests.time.monotonic()
+    monkeypatch.setattr(tree_requests.time, "monotonic",
+                        lambda: now + tree_requests.SPLIT_RECHECK_S + 1)
+    monkeypatch.setattr(type(request), "past_one_call", split)
+    with jit_tier.using(True), parallel.pinned():
+        _equal(request.any_rows(x), first)  # loaded by now: split again

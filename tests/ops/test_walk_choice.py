@@ -193,3 +193,94 @@ def _node_states(session):
     """The prepared objects the session's nodes keep (ops/ir/node_state.py)."""
     for bound in session._bound.nodes:
         yield from bound.attributes.get("_node", {}).values()
+
+
+def _kernels_one_compiled():
+    """Two numba kernels of one body: ``loaded`` compiled for an int64 vector, ``missing``
+    compiled for nothing (in no cache: a ``njit`` without ``cache``)."""
+    import numba  # noqa: PLC0415
+    from mixrt.ops.compiled import jit_cpu  # noqa: F401,PLC0415  (guards numba's caches)
+
+    def body(values):
+        values[0] += 1
+
+    loaded, missing = numba.njit(body), numba.njit(body)
+    loaded(np.zeros(1, np.int64))
+    return loaded, missing
+
+
+def test_a_walk_whose_kernel_would_compile_is_left_out(monkeypatch):
+    """A request never compiles a walk (a row bucket's bound call timed XGBoost's branching
+    walk at its first real rows and compiled it there, 2.3 s): walk 1's signature is in no
+    cache, so the choice times the others, keeps one of them, and nothing compiles; a kept
+    walk that is not loaded for this kernel (kept by another kernel's timing) gives way to
+    the first loaded one."""
+    monkeypatch.setenv("MIXRT_COMPILE", "background")
+    loaded, missing = _kernels_one_compiled()
+    values = np.zeros(1, np.int64)
+    kernels = {0: loaded, 1: missing, 2: loaded}
+    choices = walk_choice.WalkChoices(3)
+    walks = tuple(_loads_here(kernels[index], values) for index in range(3))
+    assert walks == (True, False, True)
+    choice, ran = choices.for_rows(8), []
+
+    def run(index):
+        ran.append(index)
+        kernels[index](values)
+    while choice.kept is None:
+        walk_choice.walk(choice, run, walks)
+    assert 1 not in ran and set(ran) == {0, 2} and choice.kept in (0, 2)
+    other = walk_choice.WalkChoice(3)
+    _timed_round(other, (300, 100, 200))
+    walk_choice.walk(other, run, walks)
+    assert ran[-1] == 0 and not missing.overloads
+
+
+def _loads_here(kernel, values) -> bool:
+    """WalkChoices.loaded's verdict on one walk whose kernel is ``kernel``."""
+    return walk_choice.WalkChoices(1).loaded(kernel, "int64", lambda index: (values,))[0]
+
+
+def test_which_walks_load_is_kept_and_asked_again_after_a_while(monkeypatch):
+    monkeypatch.setenv("MIXRT_COMPILE", "background")
+    loaded, missing = _kernels_one_compiled()
+    values = np.zeros(1, np.int64)
+    choices, asked = walk_choice.WalkChoices(2), []
+
+    def arguments(index):
+        asked.append(index)
+        return (values,)
+    assert choices.loaded(missing, "int64", arguments) == (False, False)
+    assert choices.loaded(missing, "int64", arguments) == (False, False)
+    assert asked == [0, 1]  # kept
+    now = walk_choice.clock()
+    monkeypatch.setattr(walk_choice, "clock", lambda: now + walk_choice.RECHECK_NS + 1)
+    missing(values)  # compiled meanwhile (as a child's cache entry would be loaded)
+    assert choices.loaded(missing, "int64", arguments) == (True, True)
+    assert choices.loaded(loaded, "int64", arguments) == (True, True)
+
+
+def test_a_foreground_compile_compiles_every_walks_signature(monkeypatch):
+    """The background compiler's child compiles in the foreground: asked which walks load,
+    it compiles every walk's signature, so the cache its session loads from holds them."""
+    monkeypatch.setenv("MIXRT_COMPILE", "foreground")
+    _, missing = _kernels_one_compiled()
+    arrays = (np.zeros(1, np.int64), np.zeros(1, np.float64))
+    assert walk_choice.WalkChoices(2).loaded(missing, None, lambda index: (arrays[index],)) \
+        is None
+    assert len(missing.overloads) == 2
+
+
+def test_inside_a_loading_run_a_walks_miss_is_the_runs_to_note(monkeypatch):
+    """In a loading run (jit_tier.loading_only) every walk may be taken: a kernel in no
+    cache raises there, and the run's misses name it, as for any kernel."""
+    monkeypatch.setenv("MIXRT_COMPILE", "background")
+    _, missing = _kernels_one_compiled()
+    values = np.zeros(1, np.int64)
+    choices = walk_choice.WalkChoices(2)
+    with jit_tier.loading_only() as misses:
+        walks = choices.loaded(missing, "int64", lambda index: (values,))
+        with pytest.raises(jit_tier.CompileForbidden):
+            walk_choice.walk(choices.for_rows(4), lambda index: missing(values), walks)
+    assert walks is None and len(misses) == 1 and not missing.overloads
+    assert choices.loaded(missing, "int64", lambda index: (values,)) == (False, False)
