@@ -46,7 +46,7 @@ from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, host_copies, ma
 from mixrt.runtime.feeds import feed_elements, feed_signature, signature_form
 from mixrt.runtime.inferred_plans import (ShapeProgram, TrustedForm, inference_was_exact,
                                           plan_for_form)
-from mixrt.runtime.prepared_forms import prepare_forms, run_prepared
+from mixrt.runtime.prepared_forms import prepare_forms, run_missed, run_prepared
 from mixrt.runtime.graph import Graph
 from mixrt.runtime.onnxruntime_surface import (NodeArg, check_option, check_option_names,
                                                device_choice, node_arg)
@@ -269,12 +269,14 @@ class Session(FeedChecks):
         # on the compiled tier, once its kernels are in (a service's empty caches: not at
         # first); after a timeout or a failed compile they would only take the NumPy tier
         if prepared and ready:  # their plans keep their calls (_kept), the reach's go
-            buckets = run_prepared(prepared, lambda feeds: self.run(None, feeds),
-                                   self._run_let_go)
+            run = lambda feeds: self.run(None, feeds)  # noqa: E731
+            buckets = run_prepared(prepared, run, self._run_let_go)
             self._row_buckets = buckets or self._row_buckets
-            if self._tiers is not None:
+            while self._tiers is not None:  # (twice at most: the sizes whose runs missed)
                 ready = self._tiers.wait(None if deadline is None
                                          else max(0.0, deadline - time.monotonic()))
+                if not (ready and run_missed(prepared, self._tiers.is_compiled, run)):
+                    break
         if ready and not self._settled:  # what being ready made, out of the collector's way
             self._settled = True
             collector.settle(self)

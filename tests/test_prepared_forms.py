@@ -309,3 +309,16 @@ def test_a_first_large_batch_after_wait_compiled_loads_nothing_and_holds_no_plan
     np.testing.assert_allclose(session.run(None, {"x": x})[0],
                                reference.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
     assert compiles == [] and len(session._plans) == plans + 1
+
+
+def test_the_ladders_sizes_that_missed_a_kernel_run_again_once():
+    """A ladder size whose made-up runs met a kernel in no cache answered on the NumPy tier
+    and was forgotten: once the child is done, it runs as a ladder's again (planned,
+    bound, settled) so a request of it takes its lane; once only."""
+    met = ((("x", ((70, 3), "<f4")),), (("x", ((80, 3), "<f4")),))
+    prepared = prepared_forms.Prepared(laddered=list(met))
+    ran = []
+    assert prepared_forms.run_missed(prepared, lambda signature: signature == met[0],
+                                     lambda feeds: ran.append(feeds["x"].shape))
+    assert ran == [(80, 3)] * prepared_forms.LADDER_RUNS
+    assert not prepared_forms.run_missed(prepared, lambda signature: False, ran.append)
