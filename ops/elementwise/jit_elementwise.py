@@ -43,11 +43,13 @@ from mixrt.ops.panels import native_parts
 # below this many output elements the NumPy path is as fast, and tiny tensors (the
 # conformance cases) should not pay a compile each
 JIT_MIN_ELEMENTS = 1 << 12
-# ... but a program with a rational or a power costs tens of NumPy calls per step, so it
-# compiles from this fraction of that: GPT-2's decoder-step GELU over 1024 elements took
-# 34 us as ufunc calls, 10 us compiled
+# ... but a program with a rational or a power costs tens of NumPy calls per step, whatever
+# its size, against one compiled call (replayed in a bound run), so it compiles at any size
+# (min_elements): GPT-2's decoder-step GELU over 1024 elements took 34 us as ufunc calls, 10
+# us compiled; an MLP's GELU over 46-240 values, from 256 until 2026-12-04, ~15-25 us a
+# layer as ufunc calls, its batch-1 run 0.144-0.164 ms against 0.051-0.067 compiled
 COSTLY = frozenset({"Erf", "Tanh", "Pow", "Sigmoid"})
-COSTLY_DIVISOR = 16
+COSTLY_DIVISOR = 16  # (what an activation after a product compiles from, ops/nn/fused.py)
 # programs with one of these steps are split over the intra-op threads when big (from
 # native_parts.SPLIT_ELEMENTS on the native pool, 2 * MIN_ELEMENTS on Python threads); the rest
 # are bound by memory, and the hand-off cost more than a second core saved: bias + ReLU over
@@ -262,8 +264,8 @@ def costly(steps) -> bool:
 
 
 def min_elements(steps) -> int:
-    """The output size from which ``steps`` run compiled."""
-    return JIT_MIN_ELEMENTS // COSTLY_DIVISOR if costly(steps) else JIT_MIN_ELEMENTS
+    """The output size from which ``steps`` run compiled: any, for a costly program."""
+    return 1 if costly(steps) else JIT_MIN_ELEMENTS
 
 
 def suits(steps, inputs, out, kernels: dict | None = None, any_size: bool = False) -> bool:

@@ -362,3 +362,23 @@ def test_a_layout_the_compiled_loop_takes_generates_no_routine(monkeypatch):
         np.testing.assert_array_equal(program.run_cpu([x, b], np.empty_like(x)),
                                       np.maximum(x * b + b, 0))
     assert generated.count((small.shape, b.shape)) == 1
+
+
+def test_a_costly_program_runs_compiled_at_any_size(monkeypatch):
+    """A rational (Erf, Tanh, Sigmoid) or a power is tens of ufunc calls a step whatever the
+    size, against one compiled call: an MLP's GELU over 46-240 values took ~15-25 us a layer
+    as ufunc calls. So no routine is generated for it however small its output, and it
+    runs compiled; a cheap program that small still takes its routine."""
+    monkeypatch.setattr(je, "JIT_MIN_ELEMENTS", 1 << 12)  # the module runs everything compiled
+    costly = fe.program(("Erf", "Mul"), (0, 1, 0), (), 1)
+    cheap = fe.program(("Mul", "Add", "Relu"), (0, 1, 2, 1, 3), (), 2)
+    assert je.min_elements(costly.steps) == 1
+    x = np.random.default_rng(3).standard_normal((2, 30)).astype(np.float32)
+    b = np.ones(30, np.float32)
+    out = np.empty_like(x)
+    assert costly.routine([x], out) is None
+    if jit_cpu.enabled() and je.compilable(costly.steps, np.float32):
+        assert je.suits(costly.steps, [x], out)
+    np.testing.assert_allclose(costly.run_cpu([x], out),
+                               np.vectorize(math.erf)(x) * x, rtol=1e-6, atol=1e-7)
+    assert cheap.routine([x, b], np.empty_like(x)) is not None
