@@ -126,8 +126,8 @@ def run_prepared(prepared: Prepared, run, run_let_go) -> RowBuckets | None:
         ladder = [tuple((name, ((size,) + buckets.rest[name], buckets.dtypes[name].str))
                         for name in sorted(buckets.names)) for size in buckets.sizes]
         ladder = [signature for signature in ladder if _feed_bytes(signature) <= SPREAD_MAX_BYTES]
-        prepared.laddered += ladder[:run_ladder(ladder, run, BUCKETS_BUDGET_S)]
-    prepared.laddered += prepared.ladder[:run_ladder(prepared.ladder, run)]
+        prepared.laddered += run_ladder(ladder, run, BUCKETS_BUDGET_S)
+    prepared.laddered += run_ladder(prepared.ladder, run)
     return buckets
 
 
@@ -150,16 +150,16 @@ def run_missed(prepared: Prepared, compiled, run) -> bool:
 BUCKETS_BUDGET_S = 0.5
 
 
-def run_ladder(sizes: list[tuple], run, budget_s: float | None = None) -> int:
+def run_ladder(sizes: list[tuple], run, budget_s: float | None = None) -> list[tuple]:
     """``run(feeds)`` LADDER_RUNS times at each of ``sizes`` in order, on feeds of zeros,
-    until ``budget_s`` (``LADDER_BUDGET_S``) has passed; returns how many sizes ran. The
+    until ``budget_s`` (``LADDER_BUDGET_S``) has passed; returns the sizes that ran. The
     first run plans the size and takes its kernels' full routes, the second binds its
     calls, the third settles them on this thread (``steady_run.settled_calls``), so a
     request of that size takes them, or its one call (``steady_run.OneCall``), from the
     first: a lone decision tree's stream of new batch sizes took the lane at the first
     request of each of its 56 sizes among 200, ~35 us more each (2026-11-29)."""
     deadline = time.monotonic() + (LADDER_BUDGET_S if budget_s is None else budget_s)
-    ran = 0
+    ran = []
     with made_up_feeds.made_up():
         for signature in sizes:
             if time.monotonic() > deadline:
@@ -170,7 +170,7 @@ def run_ladder(sizes: list[tuple], run, budget_s: float | None = None) -> int:
                     run(feeds)
             except Exception:  # noqa: BLE001  (zeros this model refuses at this size)
                 continue
-            ran += 1
+            ran.append(signature)
     return ran
 
 

@@ -239,10 +239,11 @@ def test_the_ladder_stops_at_its_budget():
         time.sleep(0.02)
     sizes = [(("x", ((batch, 8), "float32")),) for batch in range(1, 11)]
     ran = prepared_forms.run_ladder(sizes, run, budget_s=0.05)
-    assert 1 <= ran <= 3 and len(runs) == prepared_forms.LADDER_RUNS * ran
+    assert 1 <= len(ran) <= 3 and len(runs) == prepared_forms.LADDER_RUNS * len(ran)
+    assert ran == sizes[:len(ran)]
     assert [feeds["x"].shape for feeds in runs[::prepared_forms.LADDER_RUNS]] == \
-        [(b, 8) for b in range(1, ran + 1)]
-    assert prepared_forms.run_ladder(sizes, run, budget_s=-1.0) == 0
+        [(b, 8) for b in range(1, len(ran) + 1)]
+    assert prepared_forms.run_ladder(sizes, run, budget_s=-1.0) == []
 
 
 def test_reach_sizes_double_each_group_from_sixteen_times_within_the_feeds_bytes():
