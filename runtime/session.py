@@ -33,7 +33,7 @@ from mixrt.ops.compiled.worker_wakes import join_form, sizable
 from mixrt.ops.elementwise.elementwise import quiet_numpy
 from mixrt.runtime.blas_threads import GATE as BLAS_GATE, UNGATED
 from mixrt.ops import device_checks
-from mixrt.runtime import arenas, collector, kernel_tiers, quiet_time
+from mixrt.runtime import arenas, collector, kernel_tiers, machine_weights, quiet_time
 from mixrt.runtime.binding import bind_graph
 from mixrt.runtime.cuda_graph import Captures
 from mixrt.ops.device import parse_device
@@ -266,6 +266,8 @@ class Session(FeedChecks):
                 self._trusted_forms.values(), self._shape_program, self._bound, self.graph,
                 self.strategy)
         ready = True if self._tiers is None else self._tiers.wait(timeout)
+        if ready and self._xp is np:  # this machine's kernel weights, once (machine_weights.py)
+            machine_weights.calibrate_for(self.graph, deadline)
         # on the compiled tier, once its kernels are in (a service's empty caches: not at
         # first); after a timeout or a failed compile they would only take the NumPy tier
         if prepared and ready:  # their plans keep their calls (_kept), the reach's go

@@ -20,6 +20,12 @@ os.environ.setdefault("MIXRT_COMPILE", "foreground")
 # which the import of mixrt below is the first to do.
 os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
 
+# A session's wait_compiled measures the machine's depthwise weights once per machine
+# (runtime/machine_weights.py, 15-60 s): the suite's values do not depend on the forms'
+# picks (every form gives the same bits), so it keeps the shipped weights;
+# tests/ops/test_depthwise_calibration.py calibrates where it means to.
+os.environ.setdefault("MIXRT_CALIBRATE", "0")
+
 # mixrt before anything loads NumPy, whichever test file pytest collects first: its BLAS
 # policy (runtime/blas_policy.py) then sets OpenBLAS's environment instead of restarting it
 import mixrt  # noqa: E402,F401

@@ -319,7 +319,7 @@ def _scratch_view(name, dtype, shape) -> tuple:
         grown = size if array is None else max(size, _grown(array))
         array = held[key] = aligned_empty(grown * np.dtype(dtype).itemsize).view(dtype)
         _thread_kits().clear()  # they may hold the old buffer: rebuilt from the new one
-        _kits.generation = scratch_generation() + 1
+        _kits.generation += 1
         note_change()  # what a run's bound calls hold: asked again (jit_tier.CHANGES)
         views.clear()  # views of the old buffer
     view = array[:size].reshape(shape)
@@ -371,9 +371,22 @@ def kept_kit(owner, key):
 
 
 def scratch_generation() -> int:
-    """How many times this thread's scratch buffers were reallocated (what a kept kit was
-    made from is current while this holds)."""
-    return _kits.generation
+    """How many times this thread's scratch buffers were reallocated, plus how many times
+    the process's routes were let go (:func:`forget_routes`): what a kept kit, a node's
+    replay or kept route and an arena's bound calls were made under is current while this
+    holds."""
+    return _kits.generation + _ROUTES_FORGOTTEN[0]
+
+
+_ROUTES_FORGOTTEN = [0]
+
+
+def forget_routes() -> None:
+    """Every thread's replays, kept routes and bound calls lapse (each is made again at its
+    node's next call): the forms they chose were picked under a model of the machine that
+    has since changed (``ops/conv/depthwise_costs.refresh``)."""
+    _ROUTES_FORGOTTEN[0] += 1
+    note_change()
 
 
 def _thread_kits() -> dict:

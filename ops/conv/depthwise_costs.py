@@ -33,35 +33,48 @@ from __future__ import annotations
 
 import functools
 
+from mixrt.base.settings import setting
 from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.conv import depthwise_table
 
-# nanoseconds a plane, per tap and unit of each form's work, where the kernel's weights fit
-# the registers and where they spill (:func:`_fits`)
-ROW_FOUR_VECTORS = {True: 0.001, False: 1.636}  # one pass of the row loop: four vectors
-ROW_VECTOR = {True: 0.082, False: 0.661}  # one vector of the row's remainder
-ROW_SCALAR = {True: 0.060, False: 0.135}  # one output of the row's scalar remainder
-ROW_COPY = 0.387  # a cell of the padded plane (per plane, not per tap)
-BLOCK_VECTOR = {True: 0.389, False: 0.454}  # one vector of the flat row
-BLOCK_COPY = 0.378  # a cell of the padded plane, copied into its phases
-BLOCK_PLANE = 15.1  # a plane's setup (its taps' offsets and weights)
+# nanoseconds a plane, per tap and unit of each form's work: this machine's where it measured
+# them (``depthwise_table.py``, ``depthwise_calibration.py``), else the shipped ones
 LOOP_REGISTERS = 8  # the row loop's four sums and four loads in flight
+_ACTIVE: list = []  # [the weights in use], read from the cache at the first pick
 
-# The channels form (``jit_depthwise_channels``: a block of channels side by side, each output
-# pixel's taps one vector of channels each) against the flat form, generated per plane
-# geometry, which it replaces where it is modelled cheaper: nanoseconds a plane, float32, one
-# thread, replayed calls, fitted on 60 geometries (3x3 and 5x5 kernels, strides 1 and 2,
-# outputs 4x4 to 28x28, 144 channels) once the channels form's copies in and out were
-# transposes in registers (2026-11-30, the same EPYC). On those 60 the model's picks took
-# 21.2 ms, the faster form of each 20.8, the channels form alone 21.7, the flat form alone
-# 23.4; on 13 at 384 channels 681 us, 643, 694, 714. The channels form won at every 3x3
-# stride 2 and 5x5 stride 2 size but two near ties, and lost to the flat form past ~150
-# outputs of a 5x5 kernel at stride 1 (768 outputs: 177 against 153 us at 144 channels).
-CHANNELS_TAP = 0.749  # one tap of one output pixel, a vector of channels (per lane)
-CHANNELS_COPY_IN = 2.646  # a cell of the padded plane, transposed in (per lane)
-CHANNELS_COPY_OUT = 3.351  # an output pixel, transposed out (per lane)
-FLAT_VECTOR = 0.521  # one tap of one vector of the flat row
-FLAT_COPY = 0.314  # a cell of the padded plane, copied into its phases
-FLAT_PLANE = 12.29  # a plane's setup
+
+def weights() -> dict:
+    """The weights the model uses (``depthwise_table.SHIPPED``'s layout): this machine's,
+    read from mixrt's cache at the first pick of the process (or after :func:`refresh`),
+    else the shipped ones, which ``MIXRT_CALIBRATE=0`` keeps whatever the cache holds."""
+    if not _ACTIVE:
+        measured = None if setting("MIXRT_CALIBRATE", "1") == "0" else \
+            depthwise_table.read(machine_key())
+        _ACTIVE.append(measured or depthwise_table.SHIPPED)
+    return _ACTIVE[0]
+
+
+def use(table: dict | None) -> None:
+    """The model weighs with ``table`` from now on (None: read the cache again at the next
+    pick); the picks kept from the weights before are forgotten."""
+    _ACTIVE.clear()
+    if table is not None:
+        _ACTIVE.append(table)
+    blocks_cheaper.cache_clear()
+    small_plane_form.cache_clear()
+
+
+def refresh() -> bool:
+    """Read this machine's weights again (a calibration has just written them); True where
+    there are some."""
+    use(None)
+    return weights() is not depthwise_table.SHIPPED
+
+
+@functools.cache
+def machine_key() -> str:
+    """This machine's key for its weights (``depthwise_table.machine_key``)."""
+    return depthwise_table.machine_key(jit_cpu.vector_bytes())
 
 
 # the picks are asked at every first run of a node's size (~3-8 us each here, a depthwise
@@ -101,8 +114,8 @@ def channels_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
     lanes = _lanes(itemsize)
     (oh, ow), taps = out_dims, kernel[0] * kernel[1]
     hp, wp = _padded(kernel, strides, dilations, out_dims)
-    return (CHANNELS_TAP * taps * oh * ow + CHANNELS_COPY_IN * hp * wp
-            + CHANNELS_COPY_OUT * oh * ow) / lanes
+    tap, copy_in, copy_out = weights()["channels"]
+    return (tap * taps * oh * ow + copy_in * hp * wp + copy_out * oh * ow) / lanes
 
 
 def flat_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
@@ -112,19 +125,19 @@ def flat_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
     (oh, _), taps = out_dims, kernel[0] * kernel[1]
     hp, wp = _padded(kernel, strides, dilations, out_dims)
     vectors = -(-oh * -(-wp // strides[1]) // lanes)
-    return FLAT_VECTOR * taps * vectors + FLAT_COPY * hp * wp + FLAT_PLANE
+    vector, copy, plane = weights()["flat"]
+    return vector * taps * vectors + copy * hp * wp + plane
 
 
 def row_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
     """The row form's modelled time for one plane."""
     lanes = _lanes(itemsize)
     (oh, ow), taps = out_dims, kernel[0] * kernel[1]
-    fits = _fits(taps)
+    four, vector, scalar, copy = weights()["rows"]["fits" if _fits(taps) else "spills"]
     fours, rest = divmod(ow, 4 * lanes)
-    per_row = ROW_FOUR_VECTORS[fits] * fours + ROW_VECTOR[fits] * (rest // lanes) \
-        + ROW_SCALAR[fits] * (rest % lanes)
+    per_row = four * fours + vector * (rest // lanes) + scalar * (rest % lanes)
     hp, wp = _padded(kernel, strides, dilations, out_dims)
-    return oh * taps * per_row + ROW_COPY * hp * wp
+    return oh * taps * per_row + copy * hp * wp
 
 
 def block_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
@@ -134,7 +147,8 @@ def block_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
     hp, wp = _padded(kernel, strides, dilations, out_dims)
     phase_width = -(-wp // strides[1])
     vectors = -(-oh * phase_width // lanes)
-    return BLOCK_VECTOR[_fits(taps)] * taps * vectors + BLOCK_COPY * hp * wp + BLOCK_PLANE
+    vector, copy, plane = weights()["blocks"]["fits" if _fits(taps) else "spills"]
+    return vector * taps * vectors + copy * hp * wp + plane
 
 
 def _fits(taps: int) -> bool:

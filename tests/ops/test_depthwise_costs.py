@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mixrt.ops.compiled import jit_cpu, jit_tier
-from mixrt.ops.conv import depthwise_common, depthwise_costs, jit_depthwise
+from mixrt.ops.conv import depthwise_common, depthwise_costs, depthwise_table, jit_depthwise
 from mixrt.ops.conv import jit_grouped_blocks as grouped_blocks
 from mixrt.ops.conv.conv import conv
 from mixrt.ops.nn import fused
@@ -14,6 +14,16 @@ from mixrt.ops.nn import fused
 fused_conv = fused.fused_conv.kernels[-1].for_device("cpu")
 RNG = np.random.default_rng(47)
 needs_jit = pytest.mark.skipif(not jit_cpu.enabled(), reason="the compiled tier is off")
+
+
+@pytest.fixture(autouse=True)
+def _shipped_weights():
+    """The model with its shipped weights, whatever this machine measured (the picks below
+    are the ones those weights make; tests/ops/test_depthwise_calibration.py tests a
+    machine's own)."""
+    depthwise_costs.use(depthwise_table.SHIPPED)
+    yield
+    depthwise_costs.use(None)
 
 
 def _rand(*shape):
@@ -90,8 +100,8 @@ def test_the_model_counts_the_rows_remainder_and_the_blocks_phases():
     lanes = depthwise_costs._lanes(4)
     row = [depthwise_costs.row_ns((3, 3), (1, 1), (1, 1), (10, width), 4)
            for width in (4 * lanes, 4 * lanes + 1)]
-    copy = depthwise_costs.ROW_COPY * 12  # the padded plane's one more column
-    scalar = depthwise_costs.ROW_SCALAR[depthwise_costs._fits(9)]
+    _, _, scalar, row_copy = depthwise_table.SHIPPED["rows"]["fits"]
+    copy = row_copy * 12  # the padded plane's one more column
     assert row[1] - row[0] == pytest.approx(10 * 9 * scalar + copy)
     stride_two = depthwise_costs.block_ns((3, 3), (2, 2), (1, 1), (10, lanes), 4)
     stride_one = depthwise_costs.block_ns((3, 3), (1, 1), (1, 1), (10, lanes), 4)
@@ -101,10 +111,9 @@ def test_the_model_counts_the_rows_remainder_and_the_blocks_phases():
 def test_a_kernel_whose_weights_spill_costs_more_a_tap_on_the_rows():
     """The row form's weights for 5x5 kernels and up (which spill the registers) are dearer a
     tap than a 3x3 kernel's, on the same row."""
-    three = depthwise_costs.row_ns((3, 3), (1, 1), (1, 1), (1, 100), 4) \
-        - depthwise_costs.ROW_COPY * 3 * 102
-    five = depthwise_costs.row_ns((5, 5), (1, 1), (1, 1), (1, 100), 4) \
-        - depthwise_costs.ROW_COPY * 5 * 104
+    copy = depthwise_table.SHIPPED["rows"]["fits"][3]  # a padded cell, either kernel
+    three = depthwise_costs.row_ns((3, 3), (1, 1), (1, 1), (1, 100), 4) - copy * 3 * 102
+    five = depthwise_costs.row_ns((5, 5), (1, 1), (1, 1), (1, 100), 4) - copy * 5 * 104
     assert five / 25 > three / 9
 
 
