@@ -8,7 +8,7 @@ flat and channels forms timed too, against ``small_plane_form``'s pick among all
 Geometries are drawn from wide ranges on every run (kernels 3-7, strides 1-2, planes 3-120
 a side, 16-960 channels, 1-8 images; float32, one of the activations the kernels apply),
 seeded per run and printed, so the model meets shapes it was not fitted on. Each form is
-timed on the same arrays (a quarter-quantile of up to 40 calls after one untimed), and the
+timed on the same arrays (the fastest of 10-60 calls after one untimed), and the
 two outputs must be the same bits. Reports the total time of the model's picks against
 the faster form of each point and against the row form alone (what took every size before
 the model), and the points where the pick was more than 10% slower than the other form.

@@ -173,3 +173,38 @@ def test_a_model_without_depthwise_convolutions_is_not_measured(own_cache, monke
     session.run(None, {"x": np.ones(2, np.float32)})
     session.wait_compiled(timeout=60)
     assert not calls and depthwise_costs.weights() is depthwise_table.SHIPPED
+
+
+def _calibrated_on(monkeypatch, results: list[dict]) -> tuple[dict, dict]:
+    """calibrate() on ``results`` as its measured times (no form timed here)."""
+    found = iter(results)
+    monkeypatch.setattr(depthwise_calibration, "measure", lambda point, rng: next(found))
+    return depthwise_calibration.calibrate([dict(r) for r in results])
+
+
+def test_weights_that_pick_better_on_held_out_points_are_kept(own_cache, monkeypatch):
+    """Times made by weights under which the channels form is dear and the flat form
+    cheap: the weights fitted on each half pick faster forms on the other half than the
+    shipped ones, and are kept."""
+    true = json.loads(json.dumps(depthwise_table.SHIPPED))
+    true["channels"], true["flat"] = [3.0, 9.0, 9.0], [0.2, 0.1, 1.0]
+    points = depthwise_calibration.reference_points()
+    weights, about = _calibrated_on(monkeypatch, _times_from(true, points))
+    assert about["kept"] == "measured"
+    assert about["picks_us"]["held_out"] < about["picks_us"]["shipped"]
+    assert depthwise_table.read(depthwise_costs.machine_key()) == weights
+
+
+def test_weights_that_pick_worse_on_held_out_points_give_way_to_the_shipped(own_cache,
+                                                                            monkeypatch):
+    """A fit that makes the channels form look free where it is the dearest form (as a
+    noisy host can) picks worse on the held-out halves: the shipped weights are kept."""
+    true = json.loads(json.dumps(depthwise_table.SHIPPED))
+    true["channels"] = [9.0, 9.0, 9.0]
+    spoilt = json.loads(json.dumps(depthwise_table.SHIPPED))
+    spoilt["channels"] = [0.0, 0.0, 0.0]
+    monkeypatch.setattr(depthwise_calibration, "fit", lambda results, lanes: (spoilt, {}))
+    points = depthwise_calibration.reference_points()
+    weights, about = _calibrated_on(monkeypatch, _times_from(true, points))
+    assert about["kept"] == "shipped" and weights == depthwise_table.SHIPPED
+    assert depthwise_table.read(depthwise_costs.machine_key()) == depthwise_table.SHIPPED
