@@ -120,6 +120,10 @@ def main() -> None:
             points.append(point)
     results = [measure(point, rng, args.narrow) for point in _progress(points, len(points))]
     print(report_narrow(results) if args.narrow else report(results))
+    weighed = {"this machine's": depthwise_costs.weights(), "the shipped": depthwise_table.SHIPPED}
+    print(", ".join(f"{name} weights' picks "
+                    f"{depthwise_calibration.picks_us(results, table, args.narrow) / 1e3:.1f} ms"
+                    for name, table in weighed.items()))
     if args.out:
         with open(args.out, "w") as out:
             json.dump({"seed": seed, "points": results}, out, indent=1)

@@ -269,17 +269,18 @@ def calibrate(points: list[dict] | None = None, progress=None) -> tuple[dict, di
     return weights, about
 
 
-def picks_us(results: list[dict], weights: dict) -> float:
+def picks_us(results: list[dict], weights: dict, four_forms: bool = True) -> float:
     """The time of the forms the model picks under ``weights`` at each of ``results``'
     points, as a node picks (the four forms where the output is narrow enough for the
-    flat form, else the row or block form), in microseconds."""
+    flat form, else the row or block form; the latter two only, without ``four_forms``),
+    in microseconds."""
     before = depthwise_costs.weights()
     depthwise_costs.use(weights)
     try:
         total = 0.0
         for r in results:
             window = ((r["kernel"],) * 2, (r["stride"],) * 2, (1, 1), tuple(r["out"]), 4)
-            narrow = r["out"][1] <= jit_depthwise.FLAT_MAX_WIDTH
+            narrow = four_forms and r["out"][1] <= jit_depthwise.FLAT_MAX_WIDTH
             form = depthwise_costs.small_plane_form(*window, True) if narrow else "free"
             if form == "free":
                 form = "blocks" if depthwise_costs.blocks_cheaper(*window) else "rows"

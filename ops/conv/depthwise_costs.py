@@ -16,8 +16,11 @@ wide for it. Their costs differ in how an output row meets the CPU's vectors:
   width, the columns past ``ow`` computed and dropped) in whole vectors, each tap's offset
   and weight read from arrays; it copies the plane into its phases first.
 
-The model counts those operations and weighs them by what each cost on this machine's
-kind, one thread, float32, fitted on 74 random geometries (kernels 3-7, strides 1-2, planes
+The model counts those operations and weighs them by what each costs, one thread, float32:
+this machine's weights where it measured them (``depthwise_calibration.py``, kept by
+``depthwise_table.py``: on a 2-core EPYC in 2026-12 the shipped ones below picked forms
+taking 18.9 ms over 40 random narrow geometries, the machine's 16.6, the fastest 15.3), else
+the shipped ones, fitted on 74 random geometries (kernels 3-7, strides 1-2, planes
 3-120, 16-960 channels) and checked on 76 others (2026-11-29, AMD EPYC with AVX-512;
 ``benchmarks/depthwise_forms.py`` draws new ones and compares the pick with the faster
 form). The row form holds the kernel's weights in vector registers beside its loop's sums
