@@ -17,6 +17,7 @@ import mixrt  # registers the model loaders
 from mixrt.cli_inputs import map_inputs, open_dims, plan_feeds, read_input
 from mixrt.ops.compiled import prebuilt
 from mixrt.ops.compiled.jit_cache import cache_root
+from mixrt.runtime import machine_weights
 from mixrt.runtime.format import save_mxr
 from mixrt.runtime.kernel_tiers import warm_up
 from mixrt.runtime.memory_report import format_report, plan_report
@@ -73,6 +74,9 @@ def cmd_warmup(args) -> int:
     started = time.perf_counter()
     session = mixrt.Session(args.model, opt_level=args.opt_level, strategy=args.strategy)
     feeds = plan_feeds(session, args)
+    # this machine's weights for the depthwise forms' model first, so that the warm-up
+    # picks (and compiles) the forms they choose (runtime/machine_weights.py)
+    measured = machine_weights.calibrate_for(session.graph, None)
     marker = warm_up(session, args.model, args.opt_level, feeds)
     shapes = ", ".join(f"{name} {list(np.shape(value))}" for name, value in feeds.items())
     if marker is None:
@@ -81,7 +85,8 @@ def cmd_warmup(args) -> int:
     level = prebuilt.level_name()
     print(f"compiled the kernels of {args.model} for {shapes} in "
           f"{time.perf_counter() - started:.1f} s; cache: {cache_root()}; prebuilt kernels: "
-          f"{level or 'none for this CPU'}")
+          f"{level or 'none for this CPU'}"
+          + ("; this machine's depthwise weights measured" if measured else ""))
     return 0
 
 
