@@ -554,3 +554,26 @@ def test_a_structure_asks_a_plan_from_inference_only_what_its_sizes_may_change(m
     asked.clear()
     assert structure.holds_for(values, {}, cpu)  # a discovered plan's values: all asked
     assert len(asked) == 5
+
+
+def test_large_host_buffers_are_mappings_of_their_own_on_the_system_pages():
+    """From 4 MiB (where NumPy asks for transparent huge pages, whose faults may compact
+    memory in a request) a host buffer is a private anonymous mapping: page-aligned,
+    zeroed, writable, apart from every other, and gone with its last array; smaller ones
+    come from NumPy as before, on 64 bytes."""
+    import mmap
+    import weakref
+    from mixrt.ops import device
+    big, other = device.aligned_empty(device.OWN_PAGES_FROM), device.aligned_empty(5 << 20)
+    assert big.ctypes.data % mmap.PAGESIZE == 0 and big.flags.writeable
+    assert big.size == device.OWN_PAGES_FROM and not big.any()
+    big[:] = 7
+    assert not other.any() and not np.shares_memory(big, other)
+    region = weakref.ref(big.base.obj)
+    view = big[100:200].view(np.float32)
+    del big
+    assert region() is not None and view.size == 25  # held by the view
+    del view
+    assert region() is None or region().closed
+    small = device.aligned_empty(1000)
+    assert small.ctypes.data % device.ALIGNMENT == 0 and isinstance(small.base, np.ndarray)

@@ -37,7 +37,7 @@ import numpy as np
 from mixrt.base.settings import batch_invariant
 from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.nn import row_kernels
-from mixrt.ops.nn.product_parts import native_parts, shared_packs
+from mixrt.ops.nn.product_parts import load_packed_entry, native_parts, shared_packs
 from mixrt.ops.compiled.workspace import named_buffer, packed, per_shape
 from mixrt.ops.compiled.parallel import parallel_for, thread_parts
 
@@ -446,9 +446,8 @@ def panel_call(A, B, prepacked, bias=None, limits=None):
 class _RowsKit:
     """What a product's calls against one packed weight share at any number of rows: the
     panels, the bias and activation arrays, the kernels and this thread's spill buffers
-    and native pool. A RowsRoute keeps one (it holds while the route's thread, pool and
-    scratch do): a transformer's new length made them again for each of its products,
-    ~10 of a product's ~25 us of Python there, cold."""
+    and native pool. A RowsRoute keeps one (while its thread, pool and scratch hold): a
+    transformer's new length made them again for each product, ~10 of its ~25 us, cold."""
 
     __slots__ = ("k", "n", "itemsize", "count", "panels", "bias", "limits", "kernels",
                  "spill", "worker_spill", "native", "dtype")
@@ -466,6 +465,7 @@ class _RowsKit:
         self.native = jit_cpu.native_pool()
         self.worker_spill = None if self.native is None else \
             jit_cpu.scratch_array("panel_spill_worker", dtype, spill_shape)
+        load_packed_entry(self)  # before a request's parts share rows (once a process)
 
 
 def _call_at(kit: _RowsKit, rows: int):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mixrt.ops.compiled import jit_tier
 from mixrt.ops.compiled.parallel import intra_op_threads
 
 # parts of a product per thread through the native pool, at most: claimed one at a time, so a
@@ -187,3 +188,31 @@ def _shared_packs(flat: list, rows: int, strip: int) -> int:
     if whole == 0 or not packing or len(bands) == len(parts):
         return 0
     return min(whole, len(parts))
+
+
+# (kernels, dtype) whose packed product's entry this process loaded (load_packed_entry)
+_PACKED_LOADED: set = set()
+
+
+def load_packed_entry(kit) -> None:
+    """The packed product's entry (``_jit_dense.native_packed_product``, which a product
+    whose parts share rows calls) loaded for ``kit``'s arrays' types, from the cache only,
+    once a process and dtype, as the first product against a packed weight is made (a
+    session's first run, or a wait's made-up ones), not in the request whose parts first
+    share rows: MobileNetV2's classifier at its first batch of 14 loaded it there, 25 ms of
+    a 35 ms request (2026-12-04). ``kit``: a ``matmul_cpu._RowsKit``."""
+    key = (id(kit.kernels), kit.dtype.char)
+    if kit.native is None or key in _PACKED_LOADED:
+        return
+    _PACKED_LOADED.add(key)
+    import numba  # noqa: PLC0415  (loaded with the kernels already)
+    rows = np.zeros((1, kit.k), kit.dtype)
+    arguments = (kit.native.block, 1, rows, kit.panels, np.zeros((1, kit.n), kit.dtype),
+                 np.zeros(4, np.int64), kit.spill, kit.worker_spill, kit.bias, kit.limits,
+                 np.zeros(1, kit.dtype), 1)
+    try:
+        with jit_tier.loading_only():  # a cache's entry, never a compile here
+            kit.kernels.native_packed_product.compile(
+                tuple(numba.typeof(value) for value in arguments))
+    except Exception:  # noqa: BLE001  (not in the cache: a request's call compiles or loads it)
+        pass

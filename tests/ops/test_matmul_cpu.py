@@ -5,7 +5,7 @@ weight, and without them the few-rows forms; each gives what matmul gives, for M
 import numpy as np
 import pytest
 
-from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled import jit_cpu, jit_tier
 from mixrt.ops.conv import direct_forms
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.nn import matmul_cpu, product_parts
@@ -446,6 +446,40 @@ def test_parts_over_the_same_rows_read_them_packed_once(rows, k, n, shared, monk
 
     until_the_worker_joins(native.block, kernels.JOINED, product_matches)
     assert bool(packed) == shared and all(0 < packs <= rows // 12 for packs in packed)
+
+
+@needs_panels
+@pytest.mark.skipif(not jit_cpu.NATIVE_POOL_PLATFORM, reason="the native pool is Linux x86-64")
+def test_the_packed_entry_is_loaded_for_the_types_a_request_passes(monkeypatch):
+    """The first kit against a packed weight loads the packed product's entry for the very
+    types a product whose parts share rows later calls it with (numba keeps an entry per
+    argument types: another would be loaded in that request), once per dtype, from the
+    cache only."""
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
+    monkeypatch.setattr(product_parts, "l2_bytes", lambda: 1 << 40)
+    kernels = jit_cpu.panel_kernels()
+    real = kernels.native_packed_product
+    asked, called = [], []
+
+    class Spy:  # the entry as the loader and a product see it
+        def compile(self, signature):
+            asked.append((signature, jit_tier.compile_misses() is not None))
+
+        def __call__(self, *args):
+            called.append(args)
+            return real(*args)
+
+    monkeypatch.setattr(kernels, "native_packed_product", Spy())
+    monkeypatch.setattr(product_parts, "_PACKED_LOADED", set())
+    A, B, bias = _rand(137, 384), _rand(384, 384), _rand(384)
+    call = matmul_cpu.panel_call(A, B, {}, bias)
+    matmul_cpu.panel_call(A, _rand(384, 96), {}, bias)  # another weight: loaded already
+    native = jit_cpu.native_pool()
+    out = np.empty((137, 384), np.float32)
+    until_the_worker_joins(native.block, kernels.JOINED, lambda: call(A, out))
+    import numba  # noqa: PLC0415
+    assert len(asked) == 1 and asked[0][1]  # once, compiling forbidden
+    assert called and asked[0][0] == tuple(numba.typeof(value) for value in called[0])
 
 
 @pytest.mark.parametrize("rows, bands", [(752, True), (19, False)])
