@@ -47,7 +47,12 @@ def calibrate_for(graph, deadline: float | None) -> bool:
     if timeout is not None and timeout <= 0:
         _tried.discard(key)  # another wait, with more time, may
         return False
-    if not _measured(timeout) or not depthwise_costs.refresh():
+    failed = _measured(timeout)
+    if failed is not None:
+        if failed:  # ended badly, not cut short: the shipped weights kept, not asked again
+            depthwise_table.write(key, SHIPPED, {"kept": "shipped", "failed": failed})
+        return False
+    if not depthwise_costs.refresh():
         return False
     jit_cpu.forget_routes()
     return True
@@ -64,14 +69,21 @@ def has_depthwise(graph) -> bool:
     return False
 
 
-def _measured(timeout: float | None) -> bool:
-    """The calibration run in its own process; True where it ended well in time."""
+def _measured(timeout: float | None) -> str | None:
+    """The calibration run in its own process: None where it ended well in time, "" where
+    it did not run or was cut short (a later wait may), else the end of what it wrote on
+    failing (kept beside the shipped weights, so that no later process spends its wait on
+    a calibration that fails on this machine)."""
     environment = dict(os.environ, MIXRT_NATIVE_POOL="0", MIXRT_INTRA_OP_THREADS="1",
                        OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    command = [sys.executable, "-c", _COMMAND, *CALIBRATION_ARGS]
     try:
-        done = subprocess.run([sys.executable, "-c", _COMMAND, *CALIBRATION_ARGS], env=environment,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=timeout, check=False)
+        done = subprocess.run(command, env=environment, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
+        return ""
+    if done.returncode == 0:
+        return None
+    said = done.stderr.decode("utf-8", "replace").strip().splitlines()[-5:]
+    return f"exit status {done.returncode}: " + " | ".join(said)

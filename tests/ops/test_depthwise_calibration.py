@@ -4,6 +4,7 @@ geometries (ops/conv/depthwise_calibration.py), kept in the cache as JSON
 measured by a session's wait_compiled once per machine (runtime/machine_weights.py)."""
 
 import json
+import time
 
 import numpy as np
 import onnx
@@ -208,3 +209,25 @@ def test_weights_that_pick_worse_on_held_out_points_give_way_to_the_shipped(own_
     weights, about = _calibrated_on(monkeypatch, _times_from(true, points))
     assert about["kept"] == "shipped" and weights == depthwise_table.SHIPPED
     assert depthwise_table.read(depthwise_costs.machine_key()) == depthwise_table.SHIPPED
+
+
+def test_a_calibration_that_fails_keeps_the_shipped_weights_and_is_not_asked_again(
+        own_cache, monkeypatch, tmp_path):
+    """A calibration process that fails (here: its command raises) leaves the shipped
+    weights kept for this machine with what it said, so no later process spends its wait
+    on it; one cut short by the wait's timeout leaves nothing (a later wait may)."""
+    path = tmp_path / "model.onnx"
+    _depthwise_model(str(path))
+    graph = mixrt.Session(str(path)).graph
+    monkeypatch.setattr(machine_weights, "_COMMAND", "raise SystemExit('no forms here')")
+    monkeypatch.setattr(machine_weights, "_tried", set())
+    assert not machine_weights.calibrate_for(graph, None)
+    kept = json.loads(depthwise_table.table_path(depthwise_costs.machine_key()).read_text())
+    assert kept["kept"] == "shipped" and "no forms here" in kept["failed"]
+    assert kept["weights"] == depthwise_table.SHIPPED
+    depthwise_table.table_path(depthwise_costs.machine_key()).unlink()
+    depthwise_costs.use(None)
+    monkeypatch.setattr(machine_weights, "_COMMAND", "import time; time.sleep(30)")
+    monkeypatch.setattr(machine_weights, "_tried", set())
+    assert not machine_weights.calibrate_for(graph, time.monotonic() + 3.0)
+    assert not depthwise_table.table_path(depthwise_costs.machine_key()).exists()
