@@ -29,6 +29,7 @@ _COMMAND = "from mixrt.ops.conv.depthwise_calibration import main; main()"
 CALIBRATION_ARGS: tuple = ()  # the calibration's options (a test asks for fewer geometries)
 _tried: set = set()  # machine keys this process calibrated (or failed to): once each
 RESERVE_S = 1.0  # of a wait's timeout left over for what follows the calibration
+SHIPPED = depthwise_table.SHIPPED
 
 
 def calibrate_for(graph, deadline: float | None) -> bool:
@@ -56,9 +57,6 @@ def calibrate_for(graph, deadline: float | None) -> bool:
         return False
     jit_cpu.forget_routes()
     return True
-
-
-SHIPPED = depthwise_table.SHIPPED
 
 
 def has_depthwise(graph) -> bool:
