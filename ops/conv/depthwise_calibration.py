@@ -167,18 +167,9 @@ def _narrow_calls(point, x, weights, bias, window, outputs) -> dict:
 # -- the fit ---------------------------------------------------------------------------------
 
 def counts(point: dict, form: str, lanes: int) -> list[float]:
-    """The operations of ``form`` on one plane of ``point``, in its weights' order
-    (``depthwise_table.SHIPPED``): what ``depthwise_costs``'s ``*_ns`` multiplies."""
+    """The operations of ``form`` on one plane of ``point`` (``depthwise_costs.counts``)."""
     k, s = point["kernel"], point["stride"]
-    (oh, ow), taps = point["out"], k * k
-    hp, wp = (oh - 1) * s + k, (ow - 1) * s + k
-    if form == "rows":
-        fours, rest = divmod(ow, 4 * lanes)
-        return [oh * taps * fours, oh * taps * (rest // lanes), oh * taps * (rest % lanes),
-                hp * wp]
-    if form in ("blocks", "flat"):
-        return [taps * -(-oh * -(-wp // s) // lanes), hp * wp, 1.0]
-    return [taps * oh * ow / lanes, hp * wp / lanes, oh * ow / lanes]  # channels
+    return depthwise_costs.counts(form, (k, k), (s, s), (1, 1), tuple(point["out"]), lanes)
 
 
 def fit(results: list[dict], lanes: int) -> tuple[dict, dict]:

@@ -114,44 +114,53 @@ def small_plane_form(kernel: tuple, strides: tuple, dilations: tuple, out_dims: 
 
 def channels_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
     """The channels form's modelled time for one plane (one channel of a block)."""
-    lanes = _lanes(itemsize)
-    (oh, ow), taps = out_dims, kernel[0] * kernel[1]
-    hp, wp = _padded(kernel, strides, dilations, out_dims)
-    tap, copy_in, copy_out = weights()["channels"]
-    return (tap * taps * oh * ow + copy_in * hp * wp + copy_out * oh * ow) / lanes
+    return _modelled("channels", weights()["channels"], kernel, strides, dilations, out_dims,
+                     itemsize)
 
 
 def flat_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
     """The flat form's modelled time for one plane: its flat row of the stride phases, as
     the block form's (:func:`block_ns`), with literal offsets."""
-    lanes = _lanes(itemsize)
-    (oh, _), taps = out_dims, kernel[0] * kernel[1]
-    hp, wp = _padded(kernel, strides, dilations, out_dims)
-    vectors = -(-oh * -(-wp // strides[1]) // lanes)
-    vector, copy, plane = weights()["flat"]
-    return vector * taps * vectors + copy * hp * wp + plane
+    return _modelled("flat", weights()["flat"], kernel, strides, dilations, out_dims,
+                     itemsize)
 
 
 def row_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
     """The row form's modelled time for one plane."""
-    lanes = _lanes(itemsize)
-    (oh, ow), taps = out_dims, kernel[0] * kernel[1]
-    four, vector, scalar, copy = weights()["rows"]["fits" if _fits(taps) else "spills"]
-    fours, rest = divmod(ow, 4 * lanes)
-    per_row = four * fours + vector * (rest // lanes) + scalar * (rest % lanes)
-    hp, wp = _padded(kernel, strides, dilations, out_dims)
-    return oh * taps * per_row + copy * hp * wp
+    kind = "fits" if _fits(kernel[0] * kernel[1]) else "spills"
+    return _modelled("rows", weights()["rows"][kind], kernel, strides, dilations, out_dims,
+                     itemsize)
 
 
 def block_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
     """The block form's modelled time for one plane."""
-    lanes = _lanes(itemsize)
-    (oh, _), taps = out_dims, kernel[0] * kernel[1]
+    kind = "fits" if _fits(kernel[0] * kernel[1]) else "spills"
+    return _modelled("blocks", weights()["blocks"][kind], kernel, strides, dilations,
+                     out_dims, itemsize)
+
+
+def _modelled(form: str, weighed: list, kernel, strides, dilations, out_dims,
+              itemsize) -> float:
+    return sum(w * c for w, c in zip(weighed, counts(form, kernel, strides, dilations,
+                                                     out_dims, _lanes(itemsize))))
+
+
+def counts(form: str, kernel, strides, dilations, out_dims, lanes: int) -> list:
+    """The operations of ``form`` on one plane, in its weights' order
+    (``depthwise_table.SHIPPED``): the row form's passes of four vectors, remaining vectors
+    and scalar outputs (a tap each) and its padded cells; the block and flat forms' vectors
+    of taps over the stride phases' flat row, padded cells and the plane; the channels
+    form's taps, padded cells in and outputs out, per lane (what a calibration fits the
+    weights to, ``depthwise_calibration.fit``)."""
+    (oh, ow), taps = out_dims, kernel[0] * kernel[1]
     hp, wp = _padded(kernel, strides, dilations, out_dims)
-    phase_width = -(-wp // strides[1])
-    vectors = -(-oh * phase_width // lanes)
-    vector, copy, plane = weights()["blocks"]["fits" if _fits(taps) else "spills"]
-    return vector * taps * vectors + copy * hp * wp + plane
+    if form == "rows":
+        fours, rest = divmod(ow, 4 * lanes)
+        return [oh * taps * fours, oh * taps * (rest // lanes), oh * taps * (rest % lanes),
+                hp * wp]
+    if form in ("blocks", "flat"):
+        return [taps * -(-oh * -(-wp // strides[1]) // lanes), hp * wp, 1.0]
+    return [taps * oh * ow / lanes, hp * wp / lanes, oh * ow / lanes]  # channels
 
 
 def _fits(taps: int) -> bool:
