@@ -28,7 +28,7 @@ import numpy as np
 
 from mixrt.base import placement, run_options
 from mixrt.ops.compiled import jit_cpu, jit_tier, parallel
-from mixrt.ops.compiled.bound_calls import binds_fresh, binds_silent
+from mixrt.ops.compiled.bound_calls import binds_fresh, silent_call
 from mixrt.ops.elementwise.elementwise import quiet_enter, quiet_exit
 from mixrt.runtime.arenas import Arena, ArenaMemory, acquire, release
 from mixrt.runtime.executor import ExecutionPlan
@@ -191,7 +191,7 @@ def _made_of(calls: list) -> int:
         form = call[4]
         if form is None or form[0] >= 0 and form[-1] is None:
             return SOME_UNBOUND
-        if form[0] >= 0 and not binds_silent(call[0].fn):
+        if form[0] >= 0 and not silent_call(call[0].fn, form[-1]):
             silent = False
     return ALL_SILENT if silent else ALL_BOUND
 

@@ -248,6 +248,64 @@ def test_numpys_error_state_is_quieted_unless_every_settled_step_is_silent(monke
             assert quieted or run == 0  # the first run takes the full path
 
 
+def _mlp_model(rows_in: int = 24, hidden: int = 40, rows_out: int = 72):
+    """Gemm, a GELU written out (Div, Erf, Add, Mul, Mul) and Gemm, as PyTorch exports an
+    MLP: the products and the compiled chain are replays bound as compiled calls alone."""
+    rng = np.random.default_rng(7)
+    w1 = rng.normal(size=(hidden, rows_in)).astype(np.float32)
+    w2 = rng.normal(size=(rows_out, hidden)).astype(np.float32)
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], transB=1),
+             helper.make_node("Div", ["h", "root2"], ["d"]),
+             helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["a"]),
+             helper.make_node("Mul", ["h", "a"], ["m"]),
+             helper.make_node("Mul", ["m", "half"], ["g"]),
+             helper.make_node("Gemm", ["g", "w2", "b2"], ["y"], transB=1)]
+    constants = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+                 numpy_helper.from_array(rng.normal(size=hidden).astype(np.float32), "b1"),
+                 numpy_helper.from_array(rng.normal(size=rows_out).astype(np.float32), "b2"),
+                 helper.make_tensor("root2", TensorProto.FLOAT, [], [2 ** 0.5]),
+                 helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+                 helper.make_tensor("half", TensorProto.FLOAT, [], [0.5])]
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", rows_in])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", rows_out])], constants)
+    return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_settled_mlp_of_compiled_replays_enters_no_quiet_state(monkeypatch):
+    """The products' and the compiled chain's replays are recorded as compiled calls alone
+    (``replay.record(silent=True)``): a settled run of them enters no NumPy quiet state,
+    warns of nothing where values overflow, and matches onnxruntime."""
+    import warnings  # noqa: PLC0415
+    from mixrt.ops.compiled import jit_cpu  # noqa: PLC0415
+    from mixrt.runtime import steady_run  # noqa: PLC0415
+    ort = pytest.importorskip("onnxruntime")
+    quieted = []
+    real_enter = steady_run.quiet_enter
+    monkeypatch.setattr(steady_run, "quiet_enter", lambda: quieted.append(1) or real_enter())
+    model = _mlp_model().SerializeToString()
+    session = mixrt.Session(model)
+    reference = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(8).normal(size=(3, 24)).astype(np.float32)
+    for _ in range(4):
+        session.run(None, {"x": x})
+    session.wait_compiled()
+    for _ in range(6):
+        del quieted[:]
+        (y,) = session.run(None, {"x": x})
+    np.testing.assert_allclose(y, reference.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    if not jit_cpu.enabled() or jit_cpu.panel_kernels() is None:
+        return  # (the NumPy tier: its calls are not compiled ones)
+    assert not quieted
+    huge = np.full((3, 24), 3e38, np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(4):
+            (y,) = session.run(None, {"x": huge})
+    assert not np.isfinite(y).all()
+
+
 def test_a_bad_feed_still_gets_the_full_paths_error():
     session = mixrt.Session(_model().SerializeToString())
     session.run(None, _feeds(2, 0))

@@ -110,6 +110,14 @@ def binds_silent(kernel: Callable) -> bool:
     return kernel in _SILENT
 
 
+def silent_call(kernel: Callable, bound: Callable) -> bool:
+    """Does the bound call ``bound`` of ``kernel`` raise no NumPy warning: its kernel's
+    binder says so for all its calls (:func:`binds` ``silent``), or its replay was recorded
+    as compiled calls alone (``replay.record``'s ``silent``, which :func:`binds_replay`
+    hands on)?"""
+    return kernel in _SILENT or getattr(bound, "silent", False)
+
+
 def binds_several(kernel: Callable) -> bool:
     """Does ``kernel``'s binder take several outputs' views (:func:`binds` ``several``)?"""
     return kernel in _SEVERAL
@@ -150,11 +158,13 @@ def binds_replay(kernel: Callable, arrange: Callable, state: str = "_node") -> N
             def direct(*args):
                 into_out(args[0])
                 return out
+            direct.silent = found.silent
             return direct
 
         def call(*args):
             action(*arrange(args, out))
             return out
+        call.silent = found.silent
         return call
     _REPLAYS[kernel] = binder
 

@@ -83,9 +83,9 @@ def first_run(run, *args) -> None:
 
 
 class Replay:
-    __slots__ = ("thread", "pool", "scratch", "refs", "layouts", "action")
+    __slots__ = ("thread", "pool", "scratch", "refs", "layouts", "action", "silent")
 
-    def __init__(self, arrays: tuple, action, drifting=None):
+    def __init__(self, arrays: tuple, action, drifting=None, silent: bool = False):
         self.thread = threading.get_ident()
         # the pool as loaded: a replay is tied to it, but does not load it (a model whose
         # kernels never split has no use for the workers)
@@ -98,6 +98,7 @@ class Replay:
             None if a is None or index not in drifting else _layout(a)
             for index, a in enumerate(arrays))
         self.action = action
+        self.silent = silent  # the action calls no NumPy ufunc (record's ``silent``)
 
 
 def _layout(array) -> tuple:
@@ -147,17 +148,19 @@ def _drifts_at(prepacked: dict, refs: tuple, arrays: tuple) -> None:
                     if ref is not None and ref() is not array)
 
 
-def record(prepacked: dict | None, arrays: tuple, action) -> None:
+def record(prepacked: dict | None, arrays: tuple, action, silent: bool = False) -> None:
     """Keep ``action(*arrays)`` as the node's call on these very arrays (the caller checks
     that ``out``, the last, was given: a call that made its own output is not replayed);
     with the layouts of those at the positions where the node has shown an input made anew
-    (``DRIFTS``)."""
+    (``DRIFTS``). ``silent``: the action is compiled calls only (no NumPy ufunc, so no
+    floating-point warning whatever NumPy's error state), which its bound call then says
+    (``bound_calls.binds_replay``)."""
     if prepacked is None:
         return
     if getattr(_runs, "first", False):
         prepacked.pop(KEY, None)  # not kept: made for arrays of another shape
         return
-    prepacked[KEY] = Replay(arrays, action, prepacked.get(DRIFTS))
+    prepacked[KEY] = Replay(arrays, action, prepacked.get(DRIFTS), silent)
 
 
 def forget(prepacked: dict | None) -> None:

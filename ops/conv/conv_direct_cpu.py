@@ -90,7 +90,7 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
             jit_cpu.scratch_kit(W, (_POINTWISE, X.dtype.str, limits),
                                 lambda: _PointwiseSizes(plan, kit))
     call = _kit_call(kit, native, X.dtype.itemsize)
-    replay.record(replays, (X, W, B, Z, out), call)
+    replay.record(replays, (X, W, B, Z, out), call, silent=True)
     image_routes.stash(replays, out, call)  # any batch of this image size may take it
     return call(X, W, B, Z, out)
 
@@ -120,7 +120,7 @@ def pointwise_anew(X, W, B, Z, out, limits, prepacked) -> bool:
     if native is None and kit.parts > 1:  # (Python's threads: the full route's layout)
         return False
     call = _kit_call(kit, native, X.dtype.itemsize)
-    replay.record(prepacked, (X, W, B, Z, out), call)
+    replay.record(prepacked, (X, W, B, Z, out), call, silent=True)
     image_routes.stash(prepacked, out, call)
     call(X, W, B, Z, out)
     return True

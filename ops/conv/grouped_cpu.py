@@ -73,7 +73,7 @@ def conv(X, W, B, Z, limits, out, replays=None):
                    double if X.dtype == np.float64 else single, wide),
                   [(p, p + 1) for p in range(n * group)], keep=(bias, bounds))
     if B is None or np.may_share_memory(bias, B):  # else B's values were copied here
-        replay.record(replays, (X, W, B, Z, out), go)
+        replay.record(replays, (X, W, B, Z, out), go, silent=True)
     go()
     return out
 

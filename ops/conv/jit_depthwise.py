@@ -389,7 +389,7 @@ def _planes(module, hp, wp, X, W, B, out, weights, bias, constants, multiplier, 
         return out
     go()  # before it is kept as the replay: a form in no cache raises here, kept nowhere
     if np.may_share_memory(weights, W) and (B is None or np.may_share_memory(bias, B)):
-        replay.record(replays, (X, W, B, None, out), go)
+        replay.record(replays, (X, W, B, None, out), go, silent=True)
         if not kept:
             image_routes.stash(replays, out, image_routes.Kept(
                 _planes_kept, module, hp, wp, weights, bias, constants, multiplier, begin,

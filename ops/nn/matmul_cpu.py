@@ -312,7 +312,7 @@ def panel_product(A, B, out, prepacked, bias=None, replays=None, recorded=(), so
     call = panel_call(A, B, prepacked, bias, limits)
     call(A, out)
     if replays is not None:
-        replay.record(replays, recorded, panel_action(call))
+        replay.record(replays, recorded, panel_action(call), silent=True)
         replays[ROWS_ROUTE] = RowsRoute(B, bias, A.dtype, B if source is None else source,
                                         limits)
     return out
@@ -393,7 +393,7 @@ def rows_route(prepacked, A, B, bias, out, recorded, limits=None) -> bool:
     # its split, scratch and closures, ~55 us of a product's ~80 of Python there
     call = per_shape(route.calls, rows, lambda: _call_at(_kit(route, prepacked), rows))
     call(A, out)
-    replay.record(prepacked, recorded, panel_action(call))
+    replay.record(prepacked, recorded, panel_action(call), silent=True)
     return True
 
 

@@ -25,9 +25,10 @@ from mixrt.ops.panels._jit_native_pool import (
     publish, put, register_job)
 from mixrt.ops.panels._jit_atomics import address, fetch_add, load, pause
 from mixrt.ops.panels._jit_prefetch import prefetch_run
-from mixrt.ops.panels._jit_tile import (DENSE_ROWS, PACKED_STRIDE, _btile12_packed,
+from mixrt.ops.panels._jit_tile import (DENSE_ROWS, PACKED_STRIDE, WIDE_ROWS, _btile12_packed,
                                         _dense_biased_tile, _dense_half_tile, _dense_tile,
-                                        _tile, _tile12_packed, limited)
+                                        _tile, _tile12_packed, _wide_biased_tile, _wide_tile,
+                                        limited, wide_across)
 from mixrt.ops.panels._jit_transpose import transpose
 
 # Rows taken through all of a thread's panels before the next rows: whole strips of DENSE_ROWS
@@ -81,6 +82,8 @@ def packed_rows_product(a, panels, c, p0, p1, spill, bias, limits, shared, first
     strips = shared if packed_ahead else \
         np.empty(-(-min(rows, ROW_BLOCK) // DENSE_ROWS) * PACKED_STRIDE * k_len
                  if packing else 0, a.dtype)
+    if 0 < rows <= WIDE_ROWS and not packed_ahead:  # a few rows: panels side by side
+        p0 = _wide_panels(a, panels, c, p0, p1, bias, limits)
     for r0 in range(0, rows, ROW_BLOCK):
         r1 = min(rows, r0 + ROW_BLOCK)
         share = -(-panel_size // -(-(r1 - r0) // DENSE_ROWS))  # of the next panel, a strip
@@ -129,6 +132,36 @@ def packed_rows_product(a, panels, c, p0, p1, spill, bias, limits, shared, first
                             value = spill[i, j] + bias[column + j] if biased else spill[i, j]
                             c[s + i, column + j] = limited(value, low, high, slope) \
                                 if limiting else value
+
+
+@_jit
+def _wide_panels(a, panels, c, p0, p1, bias, limits):
+    """The panels from ``p0`` of a product of 1..WIDE_ROWS rows (:func:`packed_rows_product`'s
+    arguments) through the wide tiles (``_jit_tile.WIDE_ACROSS``), as many of them side by
+    side as the tile takes, while whole ones remain; the first panel left to take one by one.
+    The next group's lines are asked for as a group starts, as one panel's are there."""
+    rows, columns = c.shape
+    k_len, width = panels.shape[1], panels.shape[2]
+    lda, ldc = a.strides[0] // a.itemsize, c.strides[0] // c.itemsize
+    across = wide_across(rows)
+    biased = bias.shape[0] > 0
+    low, high, slope = _limits(limits)
+    flat_panels, panel_size = panels.reshape(-1), k_len * width
+    p = p0
+    while p + across <= p1 and (p + across) * width <= columns:
+        offset, column = p * panel_size, p * width
+        ahead = min(across, p1 - p - across) * panel_size  # the next group's
+        if ahead > 0:
+            _ask_ahead(flat_panels, offset + across * panel_size, ahead, 0, ahead)
+        if biased:
+            _wide_biased_tile(rows, a, lda, panels, offset, width, c, column, ldc, k_len, bias,
+                              column, low, high, slope, panel_size)
+        else:
+            _wide_tile(rows, a, lda, panels, offset, width, c, column, ldc, k_len, panel_size)
+            if limits.shape[0] > 0:
+                _limit(c, 0, rows, column, across * width, low, high, slope)
+        p += across
+    return p
 
 
 @_jit

@@ -44,7 +44,7 @@ _jit = njit(nogil=True, cache=True, boundscheck=False)
 
 
 def _make_tile(rows: int, finished: bool = False, vectors: int = PANEL_VECTORS,
-               biased: bool = False, packed: bool = False):
+               biased: bool = False, packed: bool = False, across: int = 1):
     """The tile kernel for ``rows`` activation rows: ``c[i, j] = sum_k a[i, k] * w[k, j]``
     for i < rows and the panel's first ``vectors`` vectors of columns j (one: the half
     tile of a last panel with at most ``lanes`` columns, :func:`_half_tile`). Arguments:
@@ -69,7 +69,32 @@ def _make_tile(rows: int, finished: bool = False, vectors: int = PANEL_VECTORS,
     against 2.7 unbiased); then the convolution's slope and clamp (``low, high, slope`` =
     -inf, inf, 1 leave every value as it is, NaN included). A Relu as a compiled pass of its
     own after each of an MLP's layers was ~30 us a layer of a request 10 ms after the last,
-    cold, for a few microseconds of work (2026-11-30)."""
+    cold, for a few microseconds of work (2026-11-30).
+
+    ``across`` (plain and biased tiles): that many consecutive panels side by side, their
+    columns one row of the tile, from a last argument ``panel_stride`` (elements from one
+    panel to the next): see :data:`WIDE_ACROSS`."""
+
+    if biased and across > 1:
+        @intrinsic
+        def wide_biased_tile(typingctx, a, a_offset, lda, panels, panel_offset, ldw, c,
+                             c_offset, ldc, k_len, bias, bias_offset, low, high, slope,
+                             panel_stride):
+            sig = types.void(a, types.intp, types.intp, panels, types.intp, types.intp, c,
+                             types.intp, types.intp, types.intp, bias, types.intp, a.dtype,
+                             a.dtype, a.dtype, types.intp)
+            return sig, _tile_codegen(rows, finished=False, taps=False, biased=True,
+                                      across=across)
+        return wide_biased_tile
+
+    if across > 1:
+        @intrinsic
+        def wide_tile(typingctx, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset,
+                      ldc, k_len, panel_stride):
+            sig = types.void(a, types.intp, types.intp, panels, types.intp, types.intp, c,
+                             types.intp, types.intp, types.intp, types.intp)
+            return sig, _tile_codegen(rows, finished=False, taps=False, across=across)
+        return wide_tile
 
     if biased:
         @intrinsic
@@ -132,10 +157,14 @@ def _make_tap_tile(rows: int):
 
 
 def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
-                  vectors: int = PANEL_VECTORS, biased: bool = False, packed: bool = False):
+                  vectors: int = PANEL_VECTORS, biased: bool = False, packed: bool = False,
+                  across: int = 1):
     # ``vectors``: of the panel's PANEL_VECTORS, how many the tile computes (plain tiles only;
-    # the packed panels' rows stay PANEL_VECTORS wide)
+    # the packed panels' rows stay PANEL_VECTORS wide). ``across``: panels side by side
+    # (plain and biased tiles), ``vectors`` of each, the row's vectors ``row_vectors`` in all
     assert vectors == PANEL_VECTORS or not (finished or taps)
+    assert across == 1 or not (finished or taps or packed)
+    row_vectors = vectors * across
 
     def codegen(context, builder, signature, args):
         (a_arg, a_offset, lda, panels_arg, panel_offset, ldw, c_arg, c_offset, ldc,
@@ -224,6 +253,9 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
             """One k: the panel's row, each row's a[i, k] spread, the multiply-adds."""
             w_row = at(W, builder.load(at(w_rows_at, k)) if gathered else builder.mul(k, ldw))
             w = [load_vector(w_row, v * lanes, mask=masked(v)) for v in range(vectors)]
+            for panel in range(1, across):  # the next panels' row k, panel_stride apart
+                later = at(w_row, builder.mul(ir.Constant(index, panel), args[-1]))
+                w += [load_vector(later, v * lanes) for v in range(vectors)]
             if taps:  # a later panel's row k, while k < ahead_rows
                 with cgutils.if_unlikely(builder, builder.icmp_signed("<", k, ahead_rows)):
                     later = at(w_row, ahead)
@@ -247,7 +279,7 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
                 else:
                     place = row_places[i] if taps else builder.mul(ir.Constant(index, i), lda)
                 value = spread(builder.load(at(a_column, place)))
-                for v in range(vectors):
+                for v in range(row_vectors):
                     total = builder.call(fma, [value, w[v], builder.load(sums[i][v])])
                     builder.store(total, sums[i][v])
 
@@ -285,7 +317,7 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
 
         def zeroed_sums():
             return [[cgutils.alloca_once_value(builder, ir.Constant(vector, [0.0] * lanes))
-                     for _ in range(vectors)] for _ in range(rows)]
+                     for _ in range(row_vectors)] for _ in range(rows)]
 
         def run_into_c():
             """A plain or biased tile's sums over K, each block's added into the tile's place
@@ -305,7 +337,7 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
                 held = [[cgutils.alloca_once_value(builder, load_vector(
                     C, builder.add(builder.mul(ir.Constant(index, i), ldc),
                                    ir.Constant(index, v * lanes)), mask=masked(v)))
-                    for v in range(vectors)] for i in range(rows)]
+                    for v in range(row_vectors)] for i in range(rows)]
                 store_tile(held)
 
         def run_and_store():
@@ -351,7 +383,7 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
         def store_tile(sums):
             if biased:
                 bias = at(data(10, args[10]), args[11])
-                column_bias.extend(load_vector(bias, v * lanes) for v in range(vectors))
+                column_bias.extend(load_vector(bias, v * lanes) for v in range(row_vectors))
             if not finished:
                 store(builder, sums, C, None, ldc, finish, put)
                 return
@@ -540,6 +572,60 @@ def _dense_biased_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_o
     else:
         _biased_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc,
                      k_len, bias, bias_offset, low, high, slope)
+
+
+# Panels side by side in the tile of a product of 1..WIDE_ROWS rows (a request's few rows
+# through a dense layer). One panel's tile keeps rows x 2 sums, each a chain of multiply-adds
+# that waits on its last one (4 cycles); a core issues two a cycle, so fewer than 8 chains
+# leave it waiting: one row's tile ran at a quarter of the rate, and 1-4 rows through a
+# 768 x 768 layer took the same ~31 us (OpenBLAS's one-row gemv 12). Each output's sum is
+# the same sequence as one panel's tile makes (the same bits, batch invariance holds).
+WIDE_ROWS = 4
+WIDE_ACROSS = (4, 2, 2, 2)  # panels side by side for 1, 2, 3 and 4 rows
+_wide1, _wide2, _wide3, _wide4 = (_make_tile(rows, across=WIDE_ACROSS[rows - 1])
+                                  for rows in range(1, WIDE_ROWS + 1))
+_bwide1, _bwide2, _bwide3, _bwide4 = (_make_tile(rows, biased=True,
+                                                 across=WIDE_ACROSS[rows - 1])
+                                      for rows in range(1, WIDE_ROWS + 1))
+
+
+@_jit
+def wide_across(rows):
+    """Panels side by side in the wide tile of ``rows`` (1..WIDE_ROWS) rows."""
+    return WIDE_ACROSS[rows - 1]
+
+
+@_jit
+def _wide_tile(rows, a, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len,
+               panel_stride):
+    """The tile of ``rows`` (1..WIDE_ROWS) rows from a's first over :func:`wide_across`
+    panels from ``panel_offset``."""
+    if rows == 1:
+        _wide1(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, panel_stride)
+    elif rows == 2:
+        _wide2(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, panel_stride)
+    elif rows == 3:
+        _wide3(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, panel_stride)
+    else:
+        _wide4(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, panel_stride)
+
+
+@_jit
+def _wide_biased_tile(rows, a, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len,
+                      bias, bias_offset, low, high, slope, panel_stride):
+    """:func:`_wide_tile` with the bias and activation of :func:`_biased_tile`."""
+    if rows == 1:
+        _bwide1(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
+                bias_offset, low, high, slope, panel_stride)
+    elif rows == 2:
+        _bwide2(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
+                bias_offset, low, high, slope, panel_stride)
+    elif rows == 3:
+        _bwide3(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
+                bias_offset, low, high, slope, panel_stride)
+    else:
+        _bwide4(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
+                bias_offset, low, high, slope, panel_stride)
 
 
 _half1, _half2, _half3, _half4, _half5, _half6, _half7, _half8 = \

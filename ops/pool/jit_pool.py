@@ -110,7 +110,7 @@ def pool2d(X, out, geometry, maximum: bool, counts=None, replays=None):
     if parts is not None:
         go = _native_call(native, module, x, y, divisor, in_place, parts,
                           (chunk,) if whole else (row_cells, begin[0], begin[1]))
-        replay.record(replays, (X, out), go)
+        replay.record(replays, (X, out), go, silent=True)
         go(X, out)
     elif in_place or X.size < SPLIT_ELEMENTS:
         part(0, planes)
