@@ -103,8 +103,8 @@ LINEAR_CLASSIFIER = textwrap.dedent("""
 
 
 def test_a_linear_classifier_of_many_rows_takes_numpys_blas_and_imports_no_scipy(tmp_path):
-    """The compiled LinearClassifier's product of 16 rows or more is NumPy's: numba's np.dot
-    in the kernel imported SciPy for its BLAS at the first such call of a process, ~190 ms
+    """The compiled LinearClassifier's product of BLAS_ROWS rows or more is NumPy's: numba's
+    np.dot in the kernel imported SciPy for its BLAS at the first such call of a process, ~190 ms
     of a service's first request of that many rows (ops/ml/_jit_ml.linear_classify). The
     compile child, started in a folder that holds the cache folder ``mixrt``, still finds
     the package (it did not put its working directory first on its path: ``python -P``)."""

@@ -160,7 +160,11 @@ def bind_linear_classifier(args, out, attributes):
     return call
 
 
-BLAS_ROWS = 16  # rows from which its products are one BLAS product (16 x 79 @ 79 x 6: 1.3 us)
+# rows from which its products are one BLAS product: the compiled sums wait on each other
+# class by class, ~0.47 us a row of 126 features into 8 classes against the BLAS's 2.1 us
+# for 15 rows (2026-12-05, one thread: rows 1 / 2 / 4 / 8 / 15 1.00 / 1.43 / 2.32 / 4.09 /
+# 7.12 us compiled, 1.19 / 1.34 / 1.46 / 1.71 / 2.12 through the BLAS). From 16 until then.
+BLAS_ROWS = 2
 
 
 def _by_blas(rows) -> bool:
