@@ -132,28 +132,32 @@ def acquire(plan: ExecutionPlan, xp, memory: ArenaMemory | None = None) -> Arena
 _USES = itertools.count(1)
 
 
-def trim_idle_calls(plans, keep: int, memory: ArenaMemory | None = None) -> None:
+def trim_idle_calls(plans, keep: int, memory: ArenaMemory | None = None,
+                    keep_buffers: int | None = None) -> None:
     """Drop the prepared and bound calls (``Arena.calls``, ``Arena.bound``) of the idle
     arenas of all but the ``keep`` most recently run of ``plans``; a run made again of
     one prepares them again (~0.1 ms a small BERT) and binds from its second run. They
     are most of what a kept plan holds for the cycle collector (a 5-layer RoBERTa's ~680
     tracked objects a plan, ~400 of them its calls), and a service sending a new shape per
     request keeps hundreds of plans: every full collection walked them all (45-75 ms a
-    pass, the new-shape stream's p99, 2026-11-27). A plan ``wait_compiled`` made is spared
-    (``ExecutionPlan.prepared``): its calls were made to serve its size's first request,
-    and the settling after the wait took them out of the collector's way (a ladder's
-    batch of one, trimmed after 190 requests of other sizes, was bound again: 2.2 ms).
-    With ``memory`` (a CPU session's), their idle arenas not on its current buffer go too:
+    pass, the new-shape stream's p99, 2026-11-27, before a ready session's objects were
+    frozen out of the passes, ``runtime/collector.py``). A plan ``wait_compiled`` made is
+    spared (``ExecutionPlan.prepared``): its calls were made to serve its size's first
+    request, and the settling after the wait took them out of the collector's way (a
+    ladder's batch of one, trimmed after 190 requests of other sizes, was bound again:
+    2.2 ms). With ``memory`` (a CPU session's), the idle arenas not on its current buffer
+    of all but the ``keep_buffers`` most recently run (``keep`` where not given) go too:
     buffers of their own (a concurrent or lent run's) and buffers it has outgrown, which
     is all the memory a CPU session's kept plans hold (:func:`shared_plan_bytes`)."""
     ranked = sorted((plan for plan in plans if not plan.prepared),
                     key=lambda plan: plan.used, reverse=True)
     current = None if memory is None else memory.current
-    for plan in ranked[keep:]:
+    keep_buffers = keep if keep_buffers is None else keep_buffers
+    for rank, plan in enumerate(ranked[min(keep, keep_buffers):], min(keep, keep_buffers)):
         for arena in list(plan.pool):
-            if memory is not None and arena.shared is not current:
+            if memory is not None and arena.shared is not current and rank >= keep_buffers:
                 _taken_out(plan, arena)
-            elif arena.calls is not None:
+            elif arena.calls is not None and rank >= keep:
                 arena.calls = None
                 arena.bound.clear()
                 arena.settled = None

@@ -70,15 +70,15 @@ MAX_PLAN_BYTES = 256 << 20
 # ... but the last few whatever their arenas hold: a training loop's step and evaluation, or
 # its last smaller batch, each with arenas of hundreds of MB, must not plan again each turn
 MIN_KEPT_PLANS = 4
-# steady lanes a session keeps (SteadyRun), the most recently made, as many as its plans
-# (each dies with its plan): a service that cycles through batch sizes took the full path
-# for every size but the last one, and a request paced 10 ms apart runs its Python cold:
-# a decision tree at 62 batch sizes, 0.28 ms a request in a lane, 0.48 on the full path
-# (its feed checks alone ~0.1 ms), 2026-11-27
+# steady lanes a session keeps (SteadyRun), as many as its plans (each dies with its plan):
+# a decision tree cycling through 62 batch sizes, 10 ms apart, 0.28 ms a request in a lane,
+# 0.48 on the full path (its feed checks alone ~0.1 ms), 2026-11-27
 MAX_STEADY_RUNS = MAX_CACHED_PLANS
-# plans whose arenas keep their prepared and bound calls: the most recently run (the others'
-# are let go every TRIM_EVERY new plans, arenas.trim_idle_calls)
-KEEP_CALLS = 16
+# plans whose arenas keep their calls (every kept plan since 2026-12-05, 16 before: a shape
+# met again after 16 others ran unbound, a 2-layer BERT's new-shape p50 2.9 -> 2.0 ms) and
+# arenas on buffers not the session's; the others' let go every TRIM_EVERY new plans
+KEEP_CALLS = MAX_CACHED_PLANS
+KEEP_BUFFERS = 16
 TRIM_EVERY = 8
 _NOTHING = contextlib.nullcontext()  # reentrant, so one serves every run
 
@@ -460,8 +460,8 @@ class Session(FeedChecks):
         join_form(self._form_wakes, signature_form(signature), kept, feed_elements(signature))
         self._plans_made += 1
         if self._xp is np and self._plans_made % TRIM_EVERY == 0 \
-                and len(self._plans) > KEEP_CALLS and not kept.prepared:
-            trim_idle_calls(self._plans.values(), KEEP_CALLS, self._arena_memory)
+                and len(self._plans) > KEEP_BUFFERS and not kept.prepared:
+            trim_idle_calls(self._plans.values(), KEEP_CALLS, self._arena_memory, KEEP_BUFFERS)
         return kept
 
     def _remember_steady(self, signature, plan, host: bool) -> None:

@@ -211,6 +211,7 @@ def test_plans_not_run_lately_let_go_of_buffers_other_than_the_sessions(monkeypa
     with buffers of their own (a run on another thread made them), go with its calls; run
     again, it gives the same bits."""
     monkeypatch.setattr(session_module, "KEEP_CALLS", 3)
+    monkeypatch.setattr(session_module, "KEEP_BUFFERS", 3)
     monkeypatch.setattr(session_module, "TRIM_EVERY", 2)
     session, reference = mixrt.Session(conv_net()), mixrt.Session(conv_net())
     memory = session._arena_memory
@@ -273,6 +274,7 @@ def test_plans_not_run_lately_let_their_prepared_calls_go(monkeypatch):
     recently run are let go (they were most of what a plan held for the cycle collector),
     and a plan run again prepares them again, with the same results."""
     monkeypatch.setattr(session_module, "KEEP_CALLS", 3)
+    monkeypatch.setattr(session_module, "KEEP_BUFFERS", 3)
     monkeypatch.setattr(session_module, "TRIM_EVERY", 2)
     session, reference = mixrt.Session(conv_net()), mixrt.Session(conv_net())
     hot = batch(2, seed=99)
@@ -295,6 +297,37 @@ def test_plans_not_run_lately_let_their_prepared_calls_go(monkeypatch):
                                 reference.run(None, batch(n, seed=n))):
             np.testing.assert_array_equal(mine, theirs)
         assert arena(n).calls is not None
+
+
+def test_plans_keep_their_calls_longer_than_buffers_of_their_own(monkeypatch):
+    """The calls of more plans are kept (KEEP_CALLS) than the arenas on buffers other than
+    the session's (KEEP_BUFFERS): a shape met again a while later takes its bound calls,
+    and still holds no memory but the session's buffer."""
+    monkeypatch.setattr(session_module, "KEEP_CALLS", 8)
+    monkeypatch.setattr(session_module, "KEEP_BUFFERS", 2)
+    monkeypatch.setattr(session_module, "TRIM_EVERY", 2)
+    session, reference = mixrt.Session(conv_net()), mixrt.Session(conv_net())
+    memory = session._arena_memory
+    session.run(None, batch(13))  # the buffer at its largest first: the arenas stay on it
+    for n in range(1, 13):
+        for _ in range(3):  # bound from its second run
+            session.run(None, batch(n, seed=n))
+        if n == 6:  # the buffer held, as by another thread's run: an arena of its own too
+            assert memory.current.take()
+            session.run(None, batch(n, seed=n))
+            memory.current.give_back()
+
+    def pool(n):
+        feeds = batch(n, seed=n)
+        return session._cached_plan(feed_signature(session._checked_feeds(feeds))).pool
+
+    assert all(arena.shared is memory.current for arena in pool(6))  # its own buffer gone
+    assert pool(6) and all(arena.bound for arena in pool(6))  # ... its calls kept
+    assert all(not arena.bound for n in (1, 2) for arena in pool(n))  # past KEEP_CALLS
+    for n in (1, 6, 12):
+        for mine, theirs in zip(session.run(None, batch(n, seed=n)),
+                                reference.run(None, batch(n, seed=n))):
+            np.testing.assert_array_equal(mine, theirs)
 
 
 def test_many_threads_get_what_serial_calls_get():
