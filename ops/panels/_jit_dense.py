@@ -25,10 +25,10 @@ from mixrt.ops.panels._jit_native_pool import (
     publish, put, register_job)
 from mixrt.ops.panels._jit_atomics import address, fetch_add, load, pause
 from mixrt.ops.panels._jit_prefetch import prefetch_run
-from mixrt.ops.panels._jit_tile import (DENSE_ROWS, PACKED_STRIDE, WIDE_ROWS, _btile12_packed,
-                                        _dense_biased_tile, _dense_half_tile, _dense_tile,
-                                        _tile, _tile12_packed, _wide_biased_tile, _wide_tile,
-                                        limited, wide_across)
+from mixrt.ops.panels._jit_dense_tiles import (WIDE_ROWS, _btile12_packed, _dense_biased_tile,
+                                              _dense_half_tile, _dense_tile, _tile12_packed,
+                                              _wide_biased_tile, _wide_tile, wide_across)
+from mixrt.ops.panels._jit_tile import DENSE_ROWS, PACKED_STRIDE, _tile, limited
 from mixrt.ops.panels._jit_transpose import transpose
 
 # Rows taken through all of a thread's panels before the next rows: whole strips of DENSE_ROWS
@@ -58,7 +58,7 @@ def packed_rows_product(a, panels, c, p0, p1, spill, bias, limits, shared, first
     in the tile's order), applied to each sum after its bias (:func:`limited`), or empty.
     Rows go in blocks of ROW_BLOCK so that a block of ``a`` stays in L2 while the thread's
     panels pass over it. Over more than one panel, a block's whole strips are packed first
-    (:func:`_pack_strips`) and their tiles read them packed (``_jit_tile._tile12_packed``);
+    (:func:`_pack_strips`) and their tiles read them packed (``_jit_dense_tiles._tile12_packed``);
     a strip of fewer rows, or a part of one panel, reads ``a`` in place. Where ``shared`` is
     not empty, every whole strip of ``a`` was packed there already (strip t of ``a`` as strip
     ``first_strip + t``: :func:`native_packed_product`), and is read from there.
@@ -137,7 +137,7 @@ def packed_rows_product(a, panels, c, p0, p1, spill, bias, limits, shared, first
 @_jit
 def _wide_panels(a, panels, c, p0, p1, bias, limits):
     """The panels from ``p0`` of a product of 1..WIDE_ROWS rows (:func:`packed_rows_product`'s
-    arguments) through the wide tiles (``_jit_tile.WIDE_ACROSS``), as many of them side by
+    arguments) through the wide tiles (``_jit_dense_tiles.WIDE_ACROSS``), as many of them side by
     side as the tile takes, while whole ones remain; the first panel left to take one by one.
     The next group's lines are asked for as a group starts, as one panel's are there."""
     rows, columns = c.shape

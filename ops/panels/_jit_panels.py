@@ -4,7 +4,8 @@ kernels live in modules of their own, by what they compute, each imported (and c
 its first name is read (``__getattr__`` below):
 
 * ``ops/panels/_jit_tile.py``: the tile (up to 12 rows by a panel of two 64-byte vectors), in
-  LLVM IR; ``ops/panels/_jit_prefetch.py``: cache-line hints (a panel's lines ahead);
+  LLVM IR; ``ops/panels/_jit_dense_tiles.py``: the dense products' tiles by row count;
+  ``ops/panels/_jit_prefetch.py``: cache-line hints (a panel's lines ahead);
 * ``ops/panels/_jit_dense.py``: products against packed panels or read in place, batched products,
   their native driver, and the tile's C entries for kernels in other files;
 * ``ops/panels/_jit_conv_direct.py``: direct convolutions over stride-phase planes and their

@@ -1,4 +1,4 @@
-"""The wide tiles of a product of a few rows (``ops/panels/_jit_tile.WIDE_ACROSS``): panels
+"""The wide tiles of a product of a few rows (``ops/panels/_jit_dense_tiles.WIDE_ACROSS``): panels
 side by side in one tile, each output's sum the same sequence as one panel's tile makes."""
 
 import numpy as np
