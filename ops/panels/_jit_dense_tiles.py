@@ -84,19 +84,20 @@ def _dense_biased_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_o
                      k_len, bias, bias_offset, low, high, slope)
 
 
-# Panels side by side in the tile of a product of 1..WIDE_ROWS rows (a request's few rows
+# Panels side by side in the tile of a product of 1..WIDE_ROWS rows (a request's row or two
 # through a dense layer). One panel's tile keeps rows x 2 sums, each a chain of multiply-adds
 # that waits on its last one (4 cycles); a core issues two a cycle, so fewer than 8 chains
 # leave it waiting: one row's tile ran at a quarter of the rate, and 1-4 rows through a
-# 768 x 768 layer took the same ~31 us (OpenBLAS's one-row gemv 12). Each output's sum is
-# the same sequence as one panel's tile makes (the same bits, batch invariance holds).
-WIDE_ROWS = 4
-WIDE_ACROSS = (4, 2, 2, 2)  # panels side by side for 1, 2, 3 and 4 rows
-_wide1, _wide2, _wide3, _wide4 = (_make_tile(rows, across=WIDE_ACROSS[rows - 1])
-                                  for rows in range(1, WIDE_ROWS + 1))
-_bwide1, _bwide2, _bwide3, _bwide4 = (_make_tile(rows, biased=True,
-                                                 across=WIDE_ACROSS[rows - 1])
-                                      for rows in range(1, WIDE_ROWS + 1))
+# 768 x 768 layer took the same ~31 us on one thread (OpenBLAS's one-row gemv 26). Each
+# output's sum is the same sequence as one panel's tile makes (the same bits: batch
+# invariance holds). Rows 3 and 4 gained ~14% too, but wide tiles for 1-4 rows made the
+# first compile of the dense products ~3.9 s longer (7.9 -> 11.7 s), these two ~1 s.
+WIDE_ROWS = 2
+WIDE_ACROSS = (4, 2)  # panels side by side for 1 and 2 rows
+_wide1, _wide2 = (_make_tile(rows, across=WIDE_ACROSS[rows - 1])
+                  for rows in range(1, WIDE_ROWS + 1))
+_bwide1, _bwide2 = (_make_tile(rows, biased=True, across=WIDE_ACROSS[rows - 1])
+                    for rows in range(1, WIDE_ROWS + 1))
 
 
 @_jit
@@ -112,12 +113,8 @@ def _wide_tile(rows, a, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len,
     panels from ``panel_offset``."""
     if rows == 1:
         _wide1(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, panel_stride)
-    elif rows == 2:
-        _wide2(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, panel_stride)
-    elif rows == 3:
-        _wide3(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, panel_stride)
     else:
-        _wide4(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, panel_stride)
+        _wide2(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, panel_stride)
 
 
 @_jit
@@ -127,14 +124,8 @@ def _wide_biased_tile(rows, a, lda, panels, panel_offset, ldw, c, c_offset, ldc,
     if rows == 1:
         _bwide1(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
                 bias_offset, low, high, slope, panel_stride)
-    elif rows == 2:
-        _bwide2(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
-                bias_offset, low, high, slope, panel_stride)
-    elif rows == 3:
-        _bwide3(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
-                bias_offset, low, high, slope, panel_stride)
     else:
-        _bwide4(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
+        _bwide2(a, 0, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
                 bias_offset, low, high, slope, panel_stride)
 
 
