@@ -47,10 +47,10 @@ def _make_tile(rows: int, finished: bool = False, vectors: int = PANEL_VECTORS,
                biased: bool = False, packed: bool = False, across: int = 1):
     """The tile kernel for ``rows`` activation rows: ``c[i, j] = sum_k a[i, k] * w[k, j]``
     for i < rows and the panel's first ``vectors`` vectors of columns j (one: the half
-    tile of a last panel with at most ``lanes`` columns, :func:`_half_tile`). Arguments:
-    flat ``a`` and its offset and row stride, flat ``panels`` and the panel's offset and row
-    stride (the panel's width when it is packed, a row of the matrix when the panel is read
-    in place), flat ``c`` and its offset and row stride, and K.
+    tile of a last panel with at most ``lanes`` columns, ``_jit_dense_tiles._half_tile``).
+    Arguments: flat ``a`` and its offset and row stride, flat ``panels`` and the panel's
+    offset and row stride (the panel's width when it is packed, a row of the matrix when
+    the panel is read in place), flat ``c`` and its offset and row stride, and K.
 
     ``finished``: the convolution's epilogue on the way out, from seven more arguments
     (``bias, bias_offset, residual, has_residual, low, high, slope``): the sums start at
@@ -73,7 +73,7 @@ def _make_tile(rows: int, finished: bool = False, vectors: int = PANEL_VECTORS,
 
     ``across`` (plain and biased tiles): that many consecutive panels side by side, their
     columns one row of the tile, from a last argument ``panel_stride`` (elements from one
-    panel to the next): see :data:`WIDE_ACROSS`."""
+    panel to the next): see ``_jit_dense_tiles.WIDE_ACROSS``."""
 
     if biased and across > 1:
         @intrinsic
