@@ -17,7 +17,7 @@ from mixrt.ops.panels import native_parts
 from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for
 from mixrt.ops.ml import walk_choice
 from mixrt.ops.ml.forest_tables import _LEAF, _MEMBER, _ForestTables
-from mixrt.ops.ml.tree_split_calls import SplitCall
+from mixrt.ops.ml.tree_split_calls import RowsSplit, SplitCall
 
 _AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
 # a rough count of node visits per tree and row, where the stepped walk's counts are not made
@@ -206,33 +206,46 @@ class _Forest(_ForestTables):
         """A classifier's walk of X's rows and their labels and scores, split by rows
         between this thread and the native worker, each part finishing its own rows
         (``_jit_tree_parts.CLASSIFY_ENTRIES``), with the walk the batch's choice keeps;
-        False, nothing done, where :meth:`_split` keeps the rows on one thread, the run has
-        limits (the blocked walk checks them) or no entry takes these dtypes. ``finish``:
+        False, nothing done, where :meth:`rows_split` has no split for them. ``finish``:
         (targets of the sums, many classes, transform, binary case, all positive)."""
-        rows = X.shape[0]
-        native, parts = self._split(rows, True)
-        if native is None or run_options.current() is not None:
+        split = self.rows_split(X, precision, finish, base)
+        if split is None:
             return False
-        data, tables = self.walk_inputs(X, precision)
-        entry = _part_entry("CLASSIFY_ENTRIES", data, np.dtype(precision))
-        if entry is None:
-            return False
-        bounds = [start for start, _ in parts] + [parts[-1][1]]
-        empty = np.zeros((0, finish[0]), precision)
-        outputs = (empty, empty.astype(bool), base, chosen, scores)
-
-        def run(walk_tables):
-            arrays = (data, *walk_tables[:4], *walk_tables[5:], *outputs)
-            settings = (walk_tables[4], *(int(value) for value in finish))
-            _run_parts(native, entry, arrays, settings, bounds)
-        choices = self.walk_choices() if rows >= CHOSEN_FROM_ROWS else None
-        choice = None if choices is None else choices.for_rows(rows)
-        if choice is None:
-            run(tables)
-        else:
-            candidates = self.walk_candidates(precision)
-            walk_choice.walk(choice, lambda index: run(candidates[index]))
+        split(self.walk_inputs(X, precision)[0], chosen, scores)
         return True
+
+    def rows_split(self, X, precision, finish: tuple, base):
+        """:meth:`classify_parts`' split of X's batch shape, prepared once on this thread
+        (``tree_split_calls.RowsSplit``: a later call of that shape writes its rows' and
+        outputs' addresses and runs), or None where :meth:`_split` keeps the rows on one
+        thread, the run has limits (the blocked walk checks them) or no entry takes these
+        dtypes."""
+        native, parts = self._split(X.shape[0], True)
+        if native is None or run_options.current() is not None:
+            return None
+        data_type = X.dtype if X.dtype in (np.float32, np.float64) else np.dtype(np.float64)
+        precision = np.dtype(precision)
+        bounds = [start for start, _ in parts] + [parts[-1][1]]
+        key = ("rows", threading.get_ident(), X.shape, data_type.char, precision.char,
+               finish, id(base))
+        split = self._split_calls.get(key)
+        if split is not None and split.native is native and split.bounds == bounds \
+                and split._fixed[2] is base:
+            return split
+        entry = _part_entry("CLASSIFY_ENTRIES", np.empty(0, data_type), precision)
+        if entry is None:
+            return None
+        empty = np.zeros((0, finish[0]), precision)
+        settings = tuple(int(value) for value in finish)
+        choices = self.walk_choices() if X.shape[0] >= CHOSEN_FROM_ROWS else None
+        walks = [self.walk_tables(precision)] if choices is None \
+            else list(self.walk_candidates(precision))
+        if len(self._split_calls) >= MOST_SPLIT_CALLS:  # threads come and go
+            self._split_calls.clear()
+        split = self._split_calls[key] = RowsSplit(native, entry, bounds, settings,
+                                                   (empty, empty.astype(bool), base),
+                                                   choices, walks)
+        return split
 
     def tree_parts(self, rows: int) -> tuple:
         """(the native pool, the parts' tree bounds) where a walk of ``rows`` rows, too few

@@ -1,6 +1,8 @@
-"""A request's walk split by trees (``forest_walks._Forest.tree_parts``), prepared once per
-thread, batch shape and walk: the part entry's words and the arrays' addresses, and the
-sums, hits and leaves it fills, so that a call only writes its rows' address and runs.
+"""A request's walk split by trees (``forest_walks._Forest.tree_parts``), or a classifier's
+batch split by rows (``forest_walks._Forest.rows_split``), prepared once per thread, batch
+shape and walk: the part entry's words and the arrays' addresses (and, split by trees, the
+sums, hits and leaves it fills), so that a call only writes its rows' (and outputs')
+addresses and runs.
 
 Made anew at every call, those words and addresses (15 arrays' shapes, a compiled call over
 15 arrays) were ~5.7 us of the split's ~9 beyond its half-walks, against a one-row walk of
@@ -11,7 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
+import threading
+
 from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.ml import walk_choice
 from mixrt.ops.panels import native_parts
 
 
@@ -58,3 +63,72 @@ class SplitCall:
 
     def __call__(self, data):
         return self._go(data)
+
+
+class RowsSplitCall:
+    """``call(data, chosen, scores)``: a classifier's walk of ``data``'s rows and their
+    labels and scores, the rows split at ``bounds`` between the calling thread and
+    ``native``'s worker through ``entry`` (``_jit_tree_parts.CLASSIFY_ENTRIES``: the words
+    ``forest_walks._run_parts`` writes), prepared once per thread, batch shape, walk and
+    classifier: a call writes its rows' and outputs' addresses and runs. Made at every call,
+    the words and 19 addresses were ~8 us of an XGBoost request of 10 rows whose two
+    half-walks took ~18 (2026-12-05)."""
+
+    __slots__ = ("native", "tables", "_go")
+
+    def __init__(self, native, entry, arrays: tuple, settings: tuple, bounds: list):
+        # (kept: their addresses are written; not the rows and outputs of the first call)
+        self.native, self.tables = native, arrays[1:-2]
+        words = np.array([0, *(extent for array in arrays for extent in array.shape),
+                          *settings, *bounds], np.int64)
+        words[0] = words.size
+        addresses = np.empty(len(arrays) + 1, np.uint64)
+        native_parts.fill_addresses(addresses, (words,) + arrays)
+        data_address, outputs_address = addresses[1:2], addresses[-2:]
+        run, block, address, parts = jit_cpu.panel_kernels().native_for, native.block, \
+            entry.address, len(bounds) - 1
+
+        def go(data, chosen, scores):
+            native_parts.fill_addresses(data_address, (data,))
+            native_parts.fill_addresses(outputs_address, (chosen, scores))
+            jit_cpu.note_native_job()
+            run(block, address, addresses, parts)
+        go.kept = words  # addresses[0] points into them
+        self._go = go
+
+    def __call__(self, data, chosen, scores):
+        self._go(data, chosen, scores)
+
+
+class RowsSplit:
+    """``split(data, chosen, scores)``: a classifier's batch shape split by rows between
+    the calling thread and ``native``'s worker (``forest_walks._Forest.rows_split``), with
+    the walk its size's choice keeps (``choices``, or None: ``tables`` alone), each walk's
+    :class:`RowsSplitCall` made at its first call. One thread calls it."""
+
+    __slots__ = ("native", "bounds", "thread", "_entry", "_settings", "_fixed", "_choices",
+                 "_walks", "_calls")
+
+    def __init__(self, native, entry, bounds: list, settings: tuple, fixed: tuple,
+                 choices, walks: list):
+        self.native, self.bounds, self.thread = native, bounds, threading.get_ident()
+        self._entry, self._settings, self._fixed = entry, settings, fixed
+        self._choices, self._walks = choices, walks
+        self._calls: list = [None] * len(walks)
+
+    def __call__(self, data, chosen, scores) -> None:
+        rows = data.shape[0]
+        choice = None if self._choices is None else self._choices.for_rows(rows)
+        if choice is None:
+            self._call(0, data, chosen, scores)
+        else:
+            walk_choice.walk(choice, lambda index: self._call(index, data, chosen, scores))
+
+    def _call(self, index: int, data, chosen, scores) -> None:
+        call = self._calls[index]
+        if call is None:
+            tables = self._walks[index]
+            arrays = (data, *tables[:4], *tables[5:], *self._fixed, chosen, scores)
+            call = self._calls[index] = RowsSplitCall(
+                self.native, self._entry, arrays, (tables[4], *self._settings), self.bounds)
+        call(data, chosen, scores)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mixrt.ops.compiled import jit_cpu, jit_tier, parallel, worker_wakes
-from mixrt.ops.ml import forest_walks, ml_trees, tree_requests
+from mixrt.ops.ml import forest_walks, ml_trees, tree_requests, tree_split_calls
 
 from test_tree_split_by_trees import _equal
 from test_tree_stepped_walk import _forest, _rows
@@ -29,6 +29,12 @@ def parts_handed_out(monkeypatch):
         jobs.append(1)
         return handed(*args)
     monkeypatch.setattr(forest_walks, "_run_parts", counted)
+    prepared = tree_split_calls.RowsSplitCall.__call__  # a classifier's split by rows
+
+    def counted_prepared(self, *args):
+        jobs.append(1)
+        return prepared(self, *args)
+    monkeypatch.setattr(tree_split_calls.RowsSplitCall, "__call__", counted_prepared)
     return jobs
 
 
@@ -157,6 +163,42 @@ def test_rows_past_the_one_call_have_a_bound_call_with_the_general_paths_bits(
     assert len(parts_handed_out) == handed  # nothing handed to the sleeping workers
     for answer in (woken, alone, in_one_call):
         _equal(answer, first)
+
+
+@pytest.mark.parametrize("rows", [16, 40])
+def test_a_classifiers_split_by_rows_is_kept_for_its_batch_shape(parts_handed_out, run_alone,
+                                                                  monkeypatch, rows):
+    """A classifier's bound call of rows past its one call keeps the split it made for that
+    batch shape: later calls of the shape, with any values, answer through it alone (no
+    checks of the general path) with the general path's bits; a run alone does not take
+    it, nor does another shape."""
+    kernel, attrs = _kind(rng := np.random.default_rng(rows + 3), "classifier")
+    x = _rows(rng, rows)
+    _, _, state = _twice(kernel, x, attrs)
+    request = next(v.request for v in state.values() if getattr(v, "request", None))
+    request.most_rows = request.most_rows_alone = 8  # these rows: past the one call
+    bound = ml_trees.bind_tree_request((x,), None, {"_node": state})
+    general = []
+    went = type(request)._split_or_one_call
+    monkeypatch.setattr(type(request), "_split_or_one_call",
+                        lambda self, X: general.append(X.shape) or went(self, X))
+    others = [_rows(rng, rows) for _ in range(3)]
+    with jit_tier.using(True), parallel.pinned():
+        answers = [bound(rows_now) for rows_now in [x, *others]]
+        assert general == [x.shape]  # the first made the split; the others took it
+        handed = len(parts_handed_out)
+        shorter = bound(x[:-1])  # another batch shape: its own split
+        assert general == [x.shape, x[:-1].shape] and len(parts_handed_out) == handed + 1
+        run_alone(True)
+        alone = bound(x)  # not split in a run alone: the general path
+        assert general[-1] == x.shape and len(parts_handed_out) == handed + 1
+    with jit_tier.using(False):
+        expected = [kernel(np, rows_now, **attrs, _node={}) for rows_now in [x, *others]]
+    for answer, want in zip(answers, expected):
+        np.testing.assert_array_equal(answer[0], want[0])
+        np.testing.assert_allclose(answer[1], want[1], rtol=1e-6)
+    _equal(alone, answers[0])
+    _equal(shorter, ml_trees.bind_tree_request((x[:-1],), None, {"_node": state})(x[:-1]))
 
 
 def test_rows_a_request_cannot_take_have_no_bound_call():
