@@ -48,8 +48,8 @@ ACTIVATIONS = {
     "HardSwish": (lambda params: [0.0, 1.0, 1 / 6, 0.5],
                   ["g = v * c2 + c3", _nan_max("g", "g", "c0"), _nan_min("g", "g", "c1"),
                    "v = v * g"]),
-    # float32 only: its sigmoid is the compiled programs' tanh rational (tanh32)
-    "Swish": (lambda params: [0.0, 1.0, 0.5], ["v = v * ((tanh32(v * c2) + c1) * c2)"]),
+    # float32 only: its sigmoid is the compiled programs' rational (sigmoid32)
+    "Swish": (lambda params: [0.0, 1.0, 0.5], ["v = v * sigmoid32(v)"]),
 }
 _FLOAT32_ONLY = ("Swish",)
 _MOST_CONSTANTS = 4
@@ -108,11 +108,11 @@ def part_entries() -> list[str]:
 
 
 def _helpers(activation: str) -> list[str]:
-    """Source lines an activation's statements call: Swish's tanh rational."""
+    """Source lines an activation's statements call: Swish's sigmoid rational."""
     if activation not in _FLOAT32_ONLY:
         return []
     return ["T = np.float32", "",
-            *odd_rational.numba_source("Tanh", "tanh32", jit_elementwise.literal_source)]
+            *odd_rational.numba_source("Sigmoid", "sigmoid32", jit_elementwise.literal_source)]
 
 
 def activation_constants(activation: str, params, dtype) -> np.ndarray | None:

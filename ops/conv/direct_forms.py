@@ -64,7 +64,7 @@ SWISH = (1.0, -math.inf, math.inf, 2)
 def gated_limits(activation: str, dtype) -> tuple | None:
     """``activation`` as the direct form's epilogue with a gate after the tile: HardSwish
     (:data:`HARD_SWISH`), or Swish in float32 (:data:`SWISH`; its compiled pass is float32's
-    alone, through the tanh rational); None for any other. Each was a compiled pass of its
+    alone, through the sigmoid rational); None for any other. Each was a compiled pass of its
     own over the whole output after the convolution: MobileNetV3-small's stem and nine
     expansions, EfficientNet-B0's stem, head and sixteen expansions (2026-12-04)."""
     if activation == "HardSwish":
@@ -75,22 +75,22 @@ def gated_limits(activation: str, dtype) -> tuple | None:
 def limits_array(limits: tuple, dtype) -> np.ndarray:
     """The native drivers' epilogue words (``_jit_conv_direct.GATE`` and after): low, high,
     slope, the gate (0: none), HardSigmoid's alpha and beta (1/6, 0.5), zero, one, a half,
-    then the float32 tanh rational's clip limits, scale and coefficients (P, Q), in
+    then the float32 sigmoid rational's clip limits, scale and coefficients (P, Q), in
     ``dtype``: the constants the passes the gates stand for computed with."""
     slope, low, high = limits[:3]
     gate = limits[3] if len(limits) > 3 else 0
-    return np.array((low, high, slope, gate, 1 / 6, 0.5, 0, 1, 0.5, *_tanh_constants()),
+    return np.array((low, high, slope, gate, 1 / 6, 0.5, 0, 1, 0.5, *_sigmoid_constants()),
                     dtype)
 
 
 @functools.cache
-def _tanh_constants() -> tuple:
-    """The tanh rational's (-limit, limit, 1 / limit^2, P's six, Q's five), as
+def _sigmoid_constants() -> tuple:
+    """The sigmoid rational's (-limit, limit, 1 / limit^2, P's five, Q's five), as
     ``odd_rational.numba_source`` writes them into a compiled pass."""
-    p, q = odd_rational.coefficients("Tanh")
-    if (len(p), len(q)) != (6, 5):  # the gate's Horner forms are written for these
-        raise AssertionError(f"the tanh rational's degrees changed: {len(p)}, {len(q)}")
-    bound = odd_rational.limit("Tanh")
+    p, q = odd_rational.coefficients("Sigmoid")
+    if (len(p), len(q)) != (5, 5):  # the gate's Horner forms are written for these
+        raise AssertionError(f"the sigmoid rational's degrees changed: {len(p)}, {len(q)}")
+    bound = odd_rational.limit("Sigmoid")
     return (-bound, bound, 1.0 / bound ** 2, *(float(v) for v in p), *(float(v) for v in q))
 
 

@@ -70,14 +70,12 @@ def _relu_cpu(args, params, target):
 
 
 def _sigmoid_cpu(args, params, target):
-    """float32: (1 + tanh(x / 2)) / 2 through the tanh rational, as the compiled loop
-    computes it (same bits on both paths; numba's exp would keep that loop scalar); within
-    ~2e-7 of 1 / (1 + exp(-x)), which other dtypes take."""
+    """float32: a half plus the rational of sigmoid's odd part
+    (``odd_rational.evaluate_sigmoid32``), as the compiled loop computes it (same bits on
+    both paths; numba's exp would keep that loop scalar); within ~2e-7 of
+    1 / (1 + exp(-x)), which other dtypes take."""
     if target.dtype == np.float32:
-        np.multiply(args[0], _scalar(target, 0.5), out=target)
-        odd_rational.evaluate_float32("Tanh", target, target, *_scratch(target.shape, 2))
-        np.add(target, _scalar(target, 1), out=target)
-        return np.multiply(target, _scalar(target, 0.5), out=target)
+        return odd_rational.evaluate_sigmoid32(args[0], target, *_scratch(target.shape, 2))
     np.negative(args[0], out=target)
     np.exp(target, out=target)
     np.add(target, _scalar(target, 1), out=target)

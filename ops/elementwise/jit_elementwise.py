@@ -107,10 +107,10 @@ TEMPLATES = {  # op -> (source of the step's value from its operands and params)
     "Pow": lambda a, p: _power(a, int(p)),  # only p in 2, 3, 4 (see compilable)
     "Erf": lambda a: f"erf32({a})",  # float32 only: a rational (ops/elementwise/odd_rational.py)
     "Tanh": lambda a: f"tanh32({a})",
-    # (1 + tanh(x / 2)) / 2 through the tanh rational, as ops/elementwise/fused_elementwise.py's
+    # a half plus the rational of sigmoid's odd part, as ops/elementwise/fused_elementwise.py's
     # NumPy form computes it: numba's exp is a scalar libm call that keeps the loop from
     # vectorizing (EfficientNet's SiLU took 8 of its 19 ms as NumPy's four passes)
-    "Sigmoid": lambda a: f"((tanh32({a} * T(0.5)) + T(1.0)) * T(0.5))",
+    "Sigmoid": lambda a: f"sigmoid32({a})",
     "Scalar": _lit,
 }
 
@@ -130,8 +130,8 @@ def _power(a, n: int) -> str:
 # the templates other generated kernels reuse (ops/conv/jit_depthwise.py's Swish)
 literal_source = _lit
 
-RATIONAL = {"Erf": "erf32", "Tanh": "tanh32"}  # float32 only
-RATIONAL_OF = {"Erf": "Erf", "Tanh": "Tanh", "Sigmoid": "Tanh"}  # the rational a step uses
+RATIONAL = {"Erf": "erf32", "Tanh": "tanh32", "Sigmoid": "sigmoid32"}  # float32 only
+RATIONAL_OF = {"Erf": "Erf", "Tanh": "Tanh", "Sigmoid": "Sigmoid"}  # the rational a step uses
 
 
 def compilable(steps, dtype) -> bool:

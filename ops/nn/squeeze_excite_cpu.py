@@ -32,9 +32,9 @@ from mixrt.ops.panels.native_parts import (SPLIT_ELEMENTS, part_entry, part_sour
                                            split, warm_prepared)
 
 # the activations the compiled gates apply: the depthwise kernels' (FusedConv's), and Sigmoid
-# (RegNet-Y's and EfficientNet's gate) as the compiled programs' tanh rational, float32 only
-_SIGMOID = (lambda params: [0.0, 1.0, 0.5], ["v = (tanh32(v * c2) + c1) * c2"])
-_TANH_RATIONAL = ("Swish", "Sigmoid")
+# (RegNet-Y's and EfficientNet's gate) as the compiled programs' rational, float32 only
+_SIGMOID = (lambda params: [0.0, 1.0, 0.5], ["v = sigmoid32(v)"])
+_SIGMOID_RATIONAL = ("Swish", "Sigmoid")
 PHASES = {"means": 0, "scale": 1, "images": 2}
 
 
@@ -215,7 +215,7 @@ LANES = 16  # interleaved sums of a plane's mean: a vector of float32 on AVX-512
 def source(activation1: str, activation2: str) -> str:
     """The module of one pair of activations: ``means``, ``gates``, ``scale`` and ``images``
     over flat arrays, and the native part entries (``PHASES`` picks the pass a part runs)."""
-    helper = "Swish" if {activation1, activation2} & set(_TANH_RATIONAL) else ""
+    helper = "Swish" if {activation1, activation2} & set(_SIGMOID_RATIONAL) else ""
     arrays = [(name, 1, True) for name in
               ("x", "w1t", "b1", "w2t", "b2", "a1", "a2", "s", "g", "y")]
     scalars = ["phase", "channels", "plane", "hidden"]

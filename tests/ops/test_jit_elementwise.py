@@ -286,8 +286,8 @@ def test_tanh_and_small_powers_stay_within_float_rounding_of_numpy():
             np.testing.assert_allclose(got, np.power(x, np.float32(p)), rtol=4 * 2 ** -23)
 
 
-def test_sigmoid_stays_within_the_tanh_rationals_rounding_of_the_exact_logistic():
-    """FusedElementwise's float32 Sigmoid, (1 + tanh(x / 2)) / 2 through the rational (both
+def test_sigmoid_stays_within_its_rationals_rounding_of_the_exact_logistic():
+    """FusedElementwise's float32 Sigmoid, a half plus the rational of its odd part (both
     paths), against float64's 1 / (1 + exp(-x)): absolute error ~2e-7, ends exactly 0 and 1,
     NaN kept."""
     x = np.concatenate([np.linspace(-30, 30, 20001, dtype=np.float32), WITH_NAN])
@@ -298,6 +298,19 @@ def test_sigmoid_stays_within_the_tanh_rationals_rounding_of_the_exact_logistic(
     np.testing.assert_allclose(got[finite], exact[finite], rtol=0, atol=3e-7)
     tail = got[-len(WITH_NAN):]  # NaN, -inf, inf, ...
     assert np.isnan(tail[0]) and tail[1] == 0 and tail[2] == 1
+
+
+def test_sigmoid_and_silu_give_the_numpy_bits_over_the_whole_range(monkeypatch):
+    """Sigmoid, and SiLU (Sigmoid then Mul), compiled and on NumPy's ufuncs: the same bits
+    at every float32 from -40 to 40 a few ulp apart, the clip points and their neighbours
+    included."""
+    edges = np.float32([18.0, -18.0])
+    x = np.concatenate([np.linspace(-40, 40, 200001, dtype=np.float32), WITH_NAN, edges,
+                        np.nextafter(edges, np.float32(0)), np.nextafter(edges, edges * 2)])
+    with np.errstate(all="ignore"):
+        for ops, operands in ((["Sigmoid"], [0]), (["Sigmoid", "Mul"], [0, 0, 1])):
+            got, want = both_paths(monkeypatch, [x], ops, operands)
+            np.testing.assert_array_equal(got, want, err_msg=str(ops))
 
 
 @pytest.mark.skipif(not jit_cpu.NATIVE_POOL_PLATFORM or jit_cpu.native_pool() is None,
