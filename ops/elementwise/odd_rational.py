@@ -66,15 +66,9 @@ def limit(name: str) -> float:
 def evaluate_float32(name: str, x, target, u, numerator):
     """``name`` of float32 ``x`` into ``target``; ``u`` and ``numerator`` are scratch
     buffers of target's shape (``target`` may be ``x`` itself)."""
-    p, q = coefficients(name)
     bound = limit(name)
     below, above = np.less_equal(x, -bound), np.greater_equal(x, bound)  # before target
-    clip_(x, -bound, bound, target)  # NaN stays NaN
-    np.multiply(target, target, out=u)
-    u *= np.float32(1.0 / bound ** 2)
-    _horner32(u, p, numerator)
-    target *= numerator
-    np.divide(target, _horner32(u, q, numerator), out=target)
+    _rational32(name, x, target, u, numerator)
     clip_(target, -1.0, 1.0, target)
     np.copyto(target, np.float32(-1.0), where=below)  # saturated, where rounding gave
     np.copyto(target, np.float32(1.0), where=above)  # 0.99999994: GELU's 1 + tanh is 0 there
@@ -89,17 +83,23 @@ def evaluate_sigmoid32(x, target, u, numerator):
     of the operations (one clip of the input, no saturation, no scaling after), so a
     compiled SiLU pass over 0.5 M values on one thread went ~258 -> ~174 us. ``u`` and
     ``numerator`` are scratch buffers of target's shape (``target`` may be ``x``)."""
-    p, q = coefficients("Sigmoid")
-    bound = limit("Sigmoid")
-    clip_(x, -bound, bound, target)  # NaN stays NaN
+    _rational32("Sigmoid", x, target, u, numerator)
+    clip_(target, -0.5, 0.5, target)
+    target += np.float32(0.5)
+    return target
+
+
+def _rational32(name: str, x, target, u, numerator) -> None:
+    """``x P(u) / Q(u)`` of ``name`` into ``target``, x clipped to the limit first (NaN
+    stays NaN)."""
+    p, q = coefficients(name)
+    bound = limit(name)
+    clip_(x, -bound, bound, target)
     np.multiply(target, target, out=u)
     u *= np.float32(1.0 / bound ** 2)
     _horner32(u, p, numerator)
     target *= numerator
     np.divide(target, _horner32(u, q, numerator), out=target)
-    clip_(target, -0.5, 0.5, target)
-    target += np.float32(0.5)
-    return target
 
 
 def _horner32(u, coefficients_, result):
@@ -120,21 +120,14 @@ def numba_source(name: str, function: str, literal) -> list[str]:
     p, q = coefficients(name)
     bound = limit(name)
     low, high = literal(-bound), literal(bound)
-    if name == "Sigmoid":  # evaluate_sigmoid32's order
-        return [
-            "@njit(inline='always', error_model='numpy')",
-            f"def {function}(x):",
-            f"    a = {low} if x < {low} else x",
-            f"    c = {high} if a > {high} else a",
-            f"    u = c * c * {literal(1.0 / bound ** 2)}",
-            f"    top = {_horner_source(p, literal)}",
-            f"    bottom = {_horner_source(q, literal)}",
-            "    r = (c * top) / bottom",
-            "    s = T(-0.5) if r < T(-0.5) else r",
-            "    s = T(0.5) if s > T(0.5) else s",
-            "    return s + T(0.5)",
-            "",
-        ]
+    if name == "Sigmoid":  # evaluate_sigmoid32's order: the odd part clipped, a half added
+        tail = ["    s = T(-0.5) if r < T(-0.5) else r",
+                "    s = T(0.5) if s > T(0.5) else s",
+                "    return s + T(0.5)"]
+    else:
+        tail = ["    s = T(-1.0) if r < T(-1.0) else r",
+                "    s = T(1.0) if s > T(1.0) else s",
+                f"    return T(-1.0) if x <= {low} else (T(1.0) if x >= {high} else s)"]
     return [
         "@njit(inline='always', error_model='numpy')",
         f"def {function}(x):",
@@ -144,9 +137,7 @@ def numba_source(name: str, function: str, literal) -> list[str]:
         f"    top = {_horner_source(p, literal)}",
         f"    bottom = {_horner_source(q, literal)}",
         "    r = (c * top) / bottom",
-        "    s = T(-1.0) if r < T(-1.0) else r",
-        "    s = T(1.0) if s > T(1.0) else s",
-        f"    return T(-1.0) if x <= {low} else (T(1.0) if x >= {high} else s)",
+        *tail,
         "",
     ]
 
