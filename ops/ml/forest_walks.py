@@ -214,12 +214,14 @@ class _Forest(_ForestTables):
         split(self.walk_inputs(X, precision)[0], chosen, scores)
         return True
 
-    def rows_split(self, X, precision, finish: tuple, base):
-        """:meth:`classify_parts`' split of X's batch shape, prepared once on this thread
-        (``tree_split_calls.RowsSplit``: a later call of that shape writes its rows' and
-        outputs' addresses and runs), or None where :meth:`_split` keeps the rows on one
-        thread, the run has limits (the blocked walk checks them) or no entry takes these
-        dtypes."""
+    def rows_split(self, X, precision, finish: tuple | None = None, base=None):
+        """The walk of X's batch shape split by rows between this thread and the native
+        worker, prepared once on this thread (``tree_split_calls.RowsSplit``: a later call
+        of that shape writes its rows' and outputs' addresses and runs): with ``finish``
+        and ``base``, a classifier's (:meth:`classify_parts`: ``split(data, chosen,
+        scores)``); without, the sums' (``split(data, total, reached)``, from zeros, as
+        :meth:`compiled_sums`). None where :meth:`_split` keeps the rows on one thread, the
+        run has limits (the blocked walk checks them) or no entry takes these dtypes."""
         native, parts = self._split(X.shape[0], True)
         if native is None or run_options.current() is not None:
             return None
@@ -230,20 +232,24 @@ class _Forest(_ForestTables):
                finish, id(base))
         split = self._split_calls.get(key)
         if split is not None and split.native is native and split.bounds == bounds \
-                and split._fixed[2] is base:
+                and (finish is None or split.fixed[2] is base):
             return split
-        entry = _part_entry("CLASSIFY_ENTRIES", np.empty(0, data_type), precision)
+        family = "ENTRIES" if finish is None else "CLASSIFY_ENTRIES"
+        entry = _part_entry(family, np.empty(0, data_type), precision)
         if entry is None:
             return None
-        empty = np.zeros((0, finish[0]), precision)
-        settings = tuple(int(value) for value in finish)
+        if finish is None:
+            settings, fixed = (), ()
+        else:
+            empty = np.zeros((0, finish[0]), precision)
+            settings = tuple(int(value) for value in finish)
+            fixed = (empty, empty.astype(bool), base)
         choices = self.walk_choices() if X.shape[0] >= CHOSEN_FROM_ROWS else None
         walks = [self.walk_tables(precision)] if choices is None \
             else list(self.walk_candidates(precision))
         if len(self._split_calls) >= MOST_SPLIT_CALLS:  # threads come and go
             self._split_calls.clear()
-        split = self._split_calls[key] = RowsSplit(native, entry, bounds, settings,
-                                                   (empty, empty.astype(bool), base),
+        split = self._split_calls[key] = RowsSplit(native, entry, bounds, settings, fixed,
                                                    choices, walks)
         return split
 

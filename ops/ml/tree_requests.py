@@ -29,7 +29,7 @@ from mixrt.ops.ml.forest_walks import SPLIT_ROWS
 _FLOAT32 = np.dtype(np.float32)
 _NO_ROW_FITS = 1 << 62  # the width asked of rows where a node reads a negative feature
 _ANY_COUNT = 1 << 62  # the most rows of :meth:`_Request.takes_any_count`
-MOST_SPLITS = 16  # batch shapes a classifier's request keeps its split by rows for
+MOST_SPLITS = 16  # batch shapes a request keeps its split by rows for
 SPLIT_RECHECK_S = 30.0  # how long rows past the one call stay on it where the split's
 # kernels were in no cache (:meth:`_Request._split_or_one_call`)
 
@@ -38,7 +38,7 @@ class _Request:
     """What a request path checks of ``X`` before its one compiled call."""
 
     __slots__ = ("kernels", "forest", "precision", "tables", "candidates", "choices", "width",
-                 "most_rows", "most_rows_alone", "split_from", "split_missed")
+                 "most_rows", "most_rows_alone", "split_from", "split_missed", "splits")
 
     def __init__(self, kernels, forest, precision):
         self.kernels, self.forest, self.precision = kernels, forest, precision
@@ -56,6 +56,7 @@ class _Request:
         self.split_from = forest.tree_split_rows()
         # when past_one_call last met a kernel in no cache (_split_or_one_call), or None
         self.split_missed = None
+        self.splits: dict = {}  # batch shape -> its walk split by rows (_split_again)
 
     def _walk(self, kernel, X, arguments, rest, *outputs, by_trees):
         """kernel(X, *arguments, *outputs) with the walk the batch's choice keeps (timed
@@ -140,8 +141,30 @@ class _Request:
         answer = self._split_again(X)
         return answer if answer is not None else self._split_or_one_call(X)
 
-    def _split_again(self, X):  # (a classifier's request answers from its kept splits)
-        return None
+    def _split_again(self, X):
+        """The answer of a batch shape this request split by rows before
+        (:meth:`_kept_split`) where its split still holds: this thread, the run's pool, its
+        workers awake, no limits. Through ``_split_or_one_call`` each such request paid its
+        checks and ~10 Python calls more: an XGBoost's 10 rows through 273 trees, 37 us a
+        request against 18 for the split's two half-walks (onnxruntime 24; 2026-12-05)."""
+        split = self.splits.get(X.shape)
+        if split is None or split.thread != threading.get_ident() or runs_alone() \
+                or (run_pool() or jit_cpu.native_pool()) is not split.native \
+                or run_options.current() is not None or X.dtype is not _FLOAT32 \
+                or not X.flags.c_contiguous or not compiled_allowed():
+            return None
+        return self._split_answer(split, X)
+
+    def _kept_split(self, X, split):
+        """The answer of X's rows through ``split`` (``forest.rows_split``), kept for the
+        batch shape's next requests (:meth:`_split_again`)."""
+        if len(self.splits) >= MOST_SPLITS:
+            self.splits.clear()
+        self.splits[X.shape] = split
+        return self._split_answer(split, X)
+
+    def _split_answer(self, split, X):  # (each kind of request says how)
+        raise NotImplementedError
 
     def _split_or_one_call(self, X):
         """:meth:`past_one_call` where its kernels load without compiling, else the one
@@ -185,8 +208,7 @@ class ClassifierRequest(_Request):
     """``_Classifier.run`` for a request: the walk, scores and labels of ``classify_many``
     or ``classify_two`` (ops/ml/_jit_trees.py), as ``_Classifier._one_call`` calls them."""
 
-    __slots__ = ("classify", "arguments", "rest", "columns", "labels", "classifier", "finish",
-                 "splits")
+    __slots__ = ("classify", "arguments", "rest", "columns", "labels", "classifier", "finish")
 
     def __init__(self, kernels, classifier):
         super().__init__(kernels, classifier.forest, np.float32)
@@ -202,12 +224,10 @@ class ClassifierRequest(_Request):
                     classifier.all_positive, classifier.transform)
         self.rest = rest
         self.arguments = (*self.tables, *rest)
-        # what forest.classify_parts finishes a part's rows with (ml_trees._by_parts), and
-        # the splits by rows it made, by batch shape (:meth:`_split_again`)
+        # what forest.classify_parts finishes a part's rows with (ml_trees._by_parts)
         many = len(labels) > 2
         self.finish = (self.columns if many else classifier.forest.weights.shape[1], many,
                        classifier.transform, classifier.binary_case, classifier.all_positive)
-        self.splits: dict = {}
         # the labels to look the chosen indices up in; None: the indices are the labels
         # (labels 0..n-1, or two classes without the binary case, which answer the index)
         looked_up = len(labels) > 2 or classifier.binary_case or labels.dtype == object
@@ -229,29 +249,12 @@ class ClassifierRequest(_Request):
 
     def past_one_call(self, X):
         """The classifier's compiled answer, its rows split between threads where they are
-        (the split kept for :meth:`_split_again`)."""
+        (the split kept: :meth:`_kept_split`)."""
         split = self.forest.rows_split(X, np.float32, self.finish,
                                        self.classifier.base[_FLOAT32])
         if split is None:
             return self.classifier.compiled_rows(self.kernels, X, np.float32)
-        if len(self.splits) >= MOST_SPLITS:
-            self.splits.clear()
-        self.splits[X.shape] = split
-        return self._split_answer(split, X)
-
-    def _split_again(self, X):
-        """The answer of a batch shape this request split by rows before (:meth:`past_one_call`)
-        where its split still holds: this thread, the run's pool, its workers awake, no
-        limits. Through ``_split_or_one_call`` each such request paid its checks and ~10
-        Python calls more: an XGBoost's 10 rows through 273 trees, 37 us a request
-        against 18 for the split's two half-walks (onnxruntime 24; 2026-12-05)."""
-        split = self.splits.get(X.shape)
-        if split is None or split.thread != threading.get_ident() or runs_alone() \
-                or (run_pool() or jit_cpu.native_pool()) is not split.native \
-                or run_options.current() is not None or X.dtype is not _FLOAT32 \
-                or not X.flags.c_contiguous or not compiled_allowed():
-            return None
-        return self._split_answer(split, X)
+        return self._kept_split(X, split)
 
     def _split_answer(self, split, X):
         rows = X.shape[0]
@@ -301,9 +304,21 @@ class RegressorRequest(_Request):
 
     def past_one_call(self, X):
         """regress's scores with the walk split between threads (``forest.compiled_sums``,
-        each row's trees in order: the same sums), then the same ``regressed``."""
+        each row's trees in order: the same sums; the split by rows kept:
+        :meth:`_kept_split`), then the same ``regressed``."""
+        split = self.forest.rows_split(X, np.float64)
+        if split is not None:
+            return self._kept_split(X, split)
         total, _ = self.forest.compiled_sums(self.kernels, X, np.float64)
-        values = np.empty((X.shape[0], self.targets), np.float32)
+        return self._regressed(total)
+
+    def _split_answer(self, split, X):
+        total = np.zeros((X.shape[0], self.targets), np.float64)
+        split(X, total, np.zeros(total.shape, np.bool_))
+        return self._regressed(total)
+
+    def _regressed(self, total):
+        values = np.empty((total.shape[0], self.targets), np.float32)
         self.kernels.regressed(total, len(self.forest.roots), *self.rest, values)
         return values
 

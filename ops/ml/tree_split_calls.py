@@ -66,13 +66,13 @@ class SplitCall:
 
 
 class RowsSplitCall:
-    """``call(data, chosen, scores)``: a classifier's walk of ``data``'s rows and their
-    labels and scores, the rows split at ``bounds`` between the calling thread and
-    ``native``'s worker through ``entry`` (``_jit_tree_parts.CLASSIFY_ENTRIES``: the words
-    ``forest_walks._run_parts`` writes), prepared once per thread, batch shape, walk and
-    classifier: a call writes its rows' and outputs' addresses and runs. Made at every call,
-    the words and 19 addresses were ~8 us of an XGBoost request of 10 rows whose two
-    half-walks took ~18 (2026-12-05)."""
+    """``call(data, first, second)``: a walk of ``data``'s rows split at ``bounds`` between
+    the calling thread and ``native``'s worker through ``entry`` (a classifier's,
+    ``_jit_tree_parts.CLASSIFY_ENTRIES``, into the chosen labels and scores; the sums',
+    ``ENTRIES``, into the sums and hits: the words ``forest_walks._run_parts`` writes),
+    prepared once per thread, batch shape and walk: a call writes its rows' and two
+    outputs' addresses and runs. Made at every call, the words and 19 addresses were ~8 us
+    of an XGBoost request of 10 rows whose two half-walks took ~18 (2026-12-05)."""
 
     __slots__ = ("native", "tables", "_go")
 
@@ -88,47 +88,49 @@ class RowsSplitCall:
         run, block, address, parts = jit_cpu.panel_kernels().native_for, native.block, \
             entry.address, len(bounds) - 1
 
-        def go(data, chosen, scores):
+        def go(data, first, second):
             native_parts.fill_addresses(data_address, (data,))
-            native_parts.fill_addresses(outputs_address, (chosen, scores))
+            native_parts.fill_addresses(outputs_address, (first, second))
             jit_cpu.note_native_job()
             run(block, address, addresses, parts)
         go.kept = words  # addresses[0] points into them
         self._go = go
 
-    def __call__(self, data, chosen, scores):
-        self._go(data, chosen, scores)
+    def __call__(self, data, first, second):
+        self._go(data, first, second)
 
 
 class RowsSplit:
-    """``split(data, chosen, scores)``: a classifier's batch shape split by rows between
-    the calling thread and ``native``'s worker (``forest_walks._Forest.rows_split``), with
-    the walk its size's choice keeps (``choices``, or None: ``tables`` alone), each walk's
-    :class:`RowsSplitCall` made at its first call. One thread calls it."""
+    """``split(data, first, second)``: a batch shape's walk split by rows between the
+    calling thread and ``native``'s worker (``forest_walks._Forest.rows_split``), with the
+    walk its size's choice keeps (``choices``, or None: ``walks``' one alone), each walk's
+    :class:`RowsSplitCall` made at its first call; ``settings`` the entry's words after
+    ``uniform`` and ``fixed`` its arrays before the two outputs (a classifier's). One
+    thread calls it."""
 
-    __slots__ = ("native", "bounds", "thread", "_entry", "_settings", "_fixed", "_choices",
+    __slots__ = ("native", "bounds", "thread", "fixed", "_entry", "_settings", "_choices",
                  "_walks", "_calls")
 
     def __init__(self, native, entry, bounds: list, settings: tuple, fixed: tuple,
                  choices, walks: list):
         self.native, self.bounds, self.thread = native, bounds, threading.get_ident()
-        self._entry, self._settings, self._fixed = entry, settings, fixed
+        self.fixed, self._entry, self._settings = fixed, entry, settings
         self._choices, self._walks = choices, walks
         self._calls: list = [None] * len(walks)
 
-    def __call__(self, data, chosen, scores) -> None:
+    def __call__(self, data, first, second) -> None:
         rows = data.shape[0]
         choice = None if self._choices is None else self._choices.for_rows(rows)
         if choice is None:
-            self._call(0, data, chosen, scores)
+            self._call(0, data, first, second)
         else:
-            walk_choice.walk(choice, lambda index: self._call(index, data, chosen, scores))
+            walk_choice.walk(choice, lambda index: self._call(index, data, first, second))
 
-    def _call(self, index: int, data, chosen, scores) -> None:
+    def _call(self, index: int, data, first, second) -> None:
         call = self._calls[index]
         if call is None:
             tables = self._walks[index]
-            arrays = (data, *tables[:4], *tables[5:], *self._fixed, chosen, scores)
+            arrays = (data, *tables[:4], *tables[5:], *self.fixed, first, second)
             call = self._calls[index] = RowsSplitCall(
                 self.native, self._entry, arrays, (tables[4], *self._settings), self.bounds)
-        call(data, chosen, scores)
+        call(data, first, second)

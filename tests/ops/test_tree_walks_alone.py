@@ -166,13 +166,14 @@ def test_rows_past_the_one_call_have_a_bound_call_with_the_general_paths_bits(
 
 
 @pytest.mark.parametrize("rows", [16, 40])
-def test_a_classifiers_split_by_rows_is_kept_for_its_batch_shape(parts_handed_out, run_alone,
-                                                                  monkeypatch, rows):
-    """A classifier's bound call of rows past its one call keeps the split it made for that
-    batch shape: later calls of the shape, with any values, answer through it alone (no
-    checks of the general path) with the general path's bits; a run alone does not take
-    it, nor does another shape."""
-    kernel, attrs = _kind(rng := np.random.default_rng(rows + 3), "classifier")
+@pytest.mark.parametrize("kind", ["classifier", "regressor"])
+def test_a_split_by_rows_is_kept_for_its_batch_shape(parts_handed_out, run_alone, monkeypatch,
+                                                      rows, kind):
+    """A request's bound call of rows past its one call keeps the split by rows it made
+    for that batch shape: later calls of the shape, with any values, answer through it
+    alone (no checks of the general path) with the general path's bits; a run alone does
+    not take it, nor does another shape."""
+    kernel, attrs = _kind(rng := np.random.default_rng(rows + 3), kind)
     x = _rows(rng, rows)
     _, _, state = _twice(kernel, x, attrs)
     request = next(v.request for v in state.values() if getattr(v, "request", None))
@@ -192,13 +193,16 @@ def test_a_classifiers_split_by_rows_is_kept_for_its_batch_shape(parts_handed_ou
         run_alone(True)
         alone = bound(x)  # not split in a run alone: the general path
         assert general[-1] == x.shape and len(parts_handed_out) == handed + 1
+        request.splits.clear()
+        unsplit = bound(x[:-1])  # the general path's one call
     with jit_tier.using(False):
         expected = [kernel(np, rows_now, **attrs, _node={}) for rows_now in [x, *others]]
     for answer, want in zip(answers, expected):
-        np.testing.assert_array_equal(answer[0], want[0])
-        np.testing.assert_allclose(answer[1], want[1], rtol=1e-6)
+        for got, value in zip(answer if kind == "classifier" else (answer,),
+                              want if kind == "classifier" else (want,)):
+            np.testing.assert_allclose(got, value, rtol=1e-6)
     _equal(alone, answers[0])
-    _equal(shorter, ml_trees.bind_tree_request((x[:-1],), None, {"_node": state})(x[:-1]))
+    _equal(shorter, unsplit)
 
 
 def test_rows_a_request_cannot_take_have_no_bound_call():
