@@ -192,13 +192,26 @@ def _compiled_action(X, W, B, Z, prepacked, limits):
     kernel = jit_cpu.panel_kernels().pixel_rows_conv
     dtype, total = X.dtype, n * pixels
 
-    def run(X, W, B, Z, out):
+    def arguments_of(X, Z, out) -> tuple:
         y = out.reshape(n, m, pixels)
         rows, products = _rows_scratch(dtype, (total, c), (total, m))
-        kernel(block, parts, X.reshape(n, c, pixels), rows, panels, products, y, bounds, spill,
-               worker_spill, bias, y if Z is None else Z.reshape(n, m, pixels), Z is not None,
-               low, high, slope)
+        return (block, parts, X.reshape(n, c, pixels), rows, panels, products, y, bounds,
+                spill, worker_spill, bias, y if Z is None else Z.reshape(n, m, pixels),
+                Z is not None, low, high, slope)
+
+    def run(X, W, B, Z, out):
+        kernel(*arguments_of(X, Z, out))
         return out
+
+    def bound_to(arrays):
+        """The call on these arrays alone, its arguments made once, for a bound call
+        (``bound_calls``): where no reshape is a copy (contiguous arrays)."""
+        X, _, _, Z, out = arrays
+        if not all(a is None or a.flags.c_contiguous for a in (X, Z, out)):
+            return None
+        arguments = arguments_of(X, Z, out)
+        return lambda: kernel(*arguments)
+    run.bound_to = bound_to
     return run
 
 

@@ -227,9 +227,9 @@ def test_whole_images_go_to_the_threads_with_the_same_bits(batch, image, kernel,
     image: every output the bits the same images get one at a time, residual and
     activation included."""
     handed: list[int] = []
-    run_images = conv_direct_cpu._run_images
-    monkeypatch.setattr(conv_direct_cpu, "_run_images",
-                        lambda *args: handed.append(args[-2]) or run_images(*args))
+    images_arguments = conv_direct_cpu._images_arguments
+    monkeypatch.setattr(conv_direct_cpu, "_images_arguments",
+                        lambda *args: handed.append(args[-2]) or images_arguments(*args))
     monkeypatch.setattr(direct_layout, "ROWS_SPLIT_MIN", 1)  # a small image splits too
     (c, h, w), (m, kh, kw) = image, kernel
     X, W, B = _rand(batch, c, h, w), _rand(m, c, kh, kw), _rand(m)
