@@ -24,8 +24,9 @@ from mixrt.ops.nn import matmul_cpu as products
 from mixrt.ops.elementwise import jit_elementwise
 from mixrt.ops.nn.fused import (_activation, _aliases, add_and_activate_cpu, compiled_epilogue,
                                 gemm_terms)
-from mixrt.ops.nn.fused_cpu import (_TINY_ACTIVATIONS, TINY_WORK, _one_row_layer, _tiny_layer,
-                                    fused_gemm_cpu, fused_mat_mul_cpu, tiny_layer_call)
+from mixrt.ops.nn.fused_cpu import (_TINY_ACTIVATIONS, _one_row_layer, _tiny_layer,
+                                    fused_gemm_cpu, fused_mat_mul_cpu, tiny_layer_call,
+                                    tiny_layer_suits)
 from mixrt.ops.nn.nn_cpu import gemm_cpu, mat_mul_cpu
 
 
@@ -170,7 +171,7 @@ def bind_fused_mat_mul(args, out, attributes):
     activation = attributes.get("activation", "")
     params = attributes.get("activation_params")
     if Z is None and activation in _TINY_ACTIVATIONS and B.ndim == 2 \
-            and A.size * B.shape[1] < TINY_WORK and out.dtype == A.dtype == B.dtype \
+            and tiny_layer_suits(A, B) and out.dtype == A.dtype == B.dtype \
             and not batch_invariant():
         return tiny_layer_call(A, B, bias, activation, out) \
             or (lambda A, B, bias=None: _tiny_layer(A, B, bias, activation, out))

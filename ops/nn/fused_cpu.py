@@ -257,6 +257,29 @@ def fused_gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0,
 
 
 TINY_WORK = few_rows.TINY_WORK  # (the few-rows module's: its rows route keeps above it)
+# What the tiny layer (``_jit_tiny_layer``) and a panel product cost, roughly: the tiny loop
+# passes over its output row once per input element (rows x K of them), ~2 ns each and
+# ~0.03 ns more per output column; a panel product's call costs ~1.3 us before its first
+# multiply-add (its parts, spills, the native call) and ~2 ns more per column. One thread,
+# float32, this host's EPYC (2026-12-05), us tiny / panels: 3 x 32 @ 32 x 10 0.7 / 1.3,
+# 12 x 16 @ 16 x 64 1.0 / 1.4, 4 x 128 @ 128 x 10 2.0 / 1.4, 66 x 32 @ 32 x 10 (a 64-32-10
+# MLP's last layer at 66 rows) 7.5 / 2.5.
+TINY_CALL_NS, TINY_INPUT_NS, TINY_INPUT_COLUMN_NS = 400.0, 2.0, 0.03
+PANEL_CALL_NS, PANEL_COLUMN_NS = 1300.0, 2.0
+
+
+def tiny_layer_suits(A, B) -> bool:
+    """Whether ``A @ B`` (B 2-D) takes the tiny layer: its work below TINY_WORK and, from
+    two rows, its estimated time no more than the panel product's (above). One row always
+    takes it there: a one-row panel call may be split over the threads, whose wake-up the
+    estimate does not hold (1 x 256 @ 256 x 128: 1.7 us tiny, 4.2 split)."""
+    k, n = B.shape
+    if A.size * n >= TINY_WORK:
+        return False
+    if A.size <= k:  # one row
+        return True
+    tiny = TINY_CALL_NS + A.size * (TINY_INPUT_NS + TINY_INPUT_COLUMN_NS * n)
+    return tiny <= PANEL_CALL_NS + PANEL_COLUMN_NS * n
 
 
 @fused_mat_mul.fast("cpu")
@@ -278,7 +301,7 @@ def fused_mat_mul_cpu(xp, A, B, bias=None, Z=None, *, activation="", activation_
             and few_rows.rows_route(_prepacked, A, B, bias, out, arrays, limits):
         return out  # the node's panel product at a new number of rows
     if out is not None and Z is None and activation in _TINY_ACTIVATIONS and B.ndim == 2 \
-            and A.size * B.shape[1] < TINY_WORK and out.dtype == A.dtype == B.dtype \
+            and tiny_layer_suits(A, B) and out.dtype == A.dtype == B.dtype \
             and not batch_invariant():
         return _tiny_layer(A, B, bias, activation, out)
     if out is not None and not activation and few_rows.one_row_blas(A, B, out):

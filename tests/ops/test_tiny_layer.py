@@ -43,3 +43,33 @@ def test_an_output_over_its_input_keeps_numpy_s_calls():
     assert tiny_layer_call(A, B, None, "Relu", A) is None
     np.testing.assert_allclose(fused_mat_mul(np, A, B, activation="Relu", out=A), expected,
                                rtol=1e-6, atol=1e-6)
+
+
+@needs_jit
+@pytest.mark.parametrize("rows, k, n, tiny", [
+    (1, 64, 64, True), (1, 256, 128, True),  # one row: always, within TINY_WORK
+    (3, 32, 10, True), (12, 16, 64, True),  # below the panel product's call
+    (16, 32, 10, False), (66, 32, 10, False), (4, 128, 10, False),  # each pass adds up
+    (66, 64, 64, False)])  # past TINY_WORK
+def test_the_tiny_layer_is_taken_where_its_estimate_is_below_the_panels(rows, k, n, tiny,
+                                                                       monkeypatch):
+    """The layer's form follows the two forms' cost estimates (``tiny_layer_suits``): a
+    64-32-10 MLP's last layer at 66 rows took 7.5 us tiny against 2.5 through the panels.
+    Whichever it takes, the node gives the float64 answer, and its bound call the same
+    bits as the kernel."""
+    from mixrt.ops.nn import bound_products, fused_cpu
+    taken = []
+    monkeypatch.setattr(fused_cpu, "_tiny_layer",
+                        lambda *args, _tiny=fused_cpu._tiny_layer: taken.append(1) or _tiny(*args))
+    A, B = RNG.standard_normal((rows, k)).astype(np.float32), \
+        RNG.standard_normal((k, n)).astype(np.float32)
+    bias = RNG.standard_normal(n).astype(np.float32)
+    assert fused_cpu.tiny_layer_suits(A, B) is tiny
+    out = np.empty((rows, n), np.float32)
+    fused_mat_mul(np, A, B, bias, activation="Relu", out=out, _prepacked={})
+    assert bool(taken) is tiny
+    exact = np.maximum(A.astype(np.float64) @ B + bias, 0)
+    np.testing.assert_allclose(out, exact, rtol=1e-5, atol=1e-5 * k)
+    bound = bound_products.bind_fused_mat_mul([A, B, bias], np.empty_like(out),
+                                              {"activation": "Relu"})
+    np.testing.assert_array_equal(bound(A, B, bias), out)
