@@ -38,7 +38,8 @@ class _Request:
     """What a request path checks of ``X`` before its one compiled call."""
 
     __slots__ = ("kernels", "forest", "precision", "tables", "candidates", "choices", "width",
-                 "most_rows", "most_rows_alone", "split_from", "split_missed", "splits")
+                 "most_rows", "most_rows_alone", "split_from", "split_missed", "splits",
+                 "split_choices")
 
     def __init__(self, kernels, forest, precision):
         self.kernels, self.forest, self.precision = kernels, forest, precision
@@ -54,6 +55,10 @@ class _Request:
         self.most_rows_alone = forest.alone_rows_asleep()
         # the fewest rows whose walk is split by trees (fewer than two parts' rows), or None
         self.split_from = forest.tree_split_rows()
+        # there, the choice between each walk split by trees and the same walk whole (below)
+        walks = 1 if self.candidates is None else len(self.candidates)
+        self.split_choices = None if self.split_from is None \
+            else walk_choice.WalkChoices(2 * walks)
         # when past_one_call last met a kernel in no cache (_split_or_one_call), or None
         self.split_missed = None
         self.splits: dict = {}  # batch shape -> its walk split by rows (_split_again)
@@ -61,27 +66,52 @@ class _Request:
     def _walk(self, kernel, X, arguments, rest, *outputs, by_trees):
         """kernel(X, *arguments, *outputs) with the walk the batch's choice keeps (timed
         while it is being chosen): ``arguments`` the walk's tables and ``rest``, or, where
-        the batch chooses, each walk's tables and then ``rest``. Where the forest splits
-        the rows' walk by trees (``forest.tree_parts``: few rows, many trees),
-        ``by_trees(tables)`` answers instead, over the same walk's tables."""
+        the batch chooses, each walk's tables and then ``rest``. Where the forest may split
+        the rows' walk by trees (``forest.tree_parts``: few rows, many trees), each walk
+        split, ``by_trees(tables)``, is one more candidate (:meth:`_walk_or_split`)."""
         rows = X.shape[0]
+        split_from = self.split_from
+        if split_from is not None and split_from <= rows < 2 * SPLIT_ROWS:
+            self._walk_or_split(kernel, X, rest, outputs, by_trees)
+            return
         choice = None if self.choices is None or rows < CHOSEN_FROM_ROWS \
             else self.choices.for_rows(rows)
-        split_from = self.split_from
-        if split_from is None or not split_from <= rows < 2 * SPLIT_ROWS:
-            by_trees = _not_split  # (asked of every request, ~1 us of a LightGBM's 15)
         if choice is None:
-            if not by_trees(self.tables):
-                kernel(X, *arguments, *outputs)
+            kernel(X, *arguments, *outputs)
             return
         candidates = self.candidates
 
         def run(index):
-            if not by_trees(candidates[index]):
-                kernel(X, *candidates[index], *rest, *outputs)
+            kernel(X, *candidates[index], *rest, *outputs)
         loaded = self.choices.loaded(kernel, (X.dtype.char, self.precision), lambda index: (
             X, *candidates[index], *rest, *outputs))
         walk_choice.walk(choice, run, loaded)
+
+    def _walk_or_split(self, kernel, X, rest, outputs, by_trees) -> None:
+        """The walk of rows the forest may split by trees, chosen by the clock among each
+        walk split (first: made-up rows take it, so its kernels load with the node,
+        :meth:`_ready_by_trees`) and each walk whole on this thread, as the walks are
+        chosen (``walk_choice.py``). Whether the split's hand-off and its leaves' addition
+        on this thread cost less than half the walk depends on the rows: one row through a
+        LightGBM's 690 trees, back to back, 19-20 us split against 16-17 whole where each
+        request sent the same row (its branches learnt), 27 against 30 where rows changed
+        (onnxruntime 9-11 and 15-19; 2026-12-05). A split that does not hold (a run that
+        leaves the workers asleep) walks whole."""
+        candidates = (self.tables,) if self.candidates is None else self.candidates
+        walks = len(candidates)
+        choice = self.split_choices.for_rows(X.shape[0])
+
+        def run(index):
+            tables = candidates[index % walks]
+            if index >= walks or not by_trees(tables):
+                kernel(X, *tables, *rest, *outputs)
+        if choice is None:  # (sizes past the choices kept: the split, as before)
+            run(0)
+            return
+        loaded = None if self.choices is None else self.choices.loaded(
+            kernel, (X.dtype.char, self.precision),
+            lambda index: (X, *candidates[index], *rest, *outputs))
+        walk_choice.walk(choice, run, None if loaded is None else loaded + loaded)
 
     def _ready_by_trees(self) -> None:
         """Where a request of a few rows is split by trees (``forest.tree_parts``), one
@@ -197,11 +227,6 @@ class _Request:
         setting it also reads is the process's, fixed before its first run."""
         return X.dtype is _FLOAT32 and X.ndim == 2 and X.shape[1] >= self.width \
             and X.shape[0] <= most_rows and X.flags.c_contiguous and compiled_allowed()
-
-
-def _not_split(tables) -> bool:
-    """The by-trees answer of rows the forest never splits by trees: none."""
-    return False
 
 
 class ClassifierRequest(_Request):

@@ -139,8 +139,10 @@ def test_a_prepared_split_call_answers_each_new_batch_and_each_thread(split_coun
                                                                       monkeypatch):
     """The request path's split call is prepared once per thread and batch shape
     (ops/ml/tree_split_calls.py): later batches of that shape, and two threads calling one
-    node at once, each get their own rows' answers."""
+    node at once, each get their own rows' answers. (The clock's choice between the split
+    and the whole walk pinned to the split's first walk.)"""
     import threading  # noqa: PLC0415
+    monkeypatch.setattr(walk_choice.WalkChoice, "next", lambda self: (0, False))
     rng = np.random.default_rng(37)
     attrs = _forest(rng, 30, 4, "BRANCH_LEQ", "class_", depth=7)
     attrs.update(classlabels_int64s=[0, 1, 2, 3], post_transform="NONE")
@@ -208,3 +210,44 @@ def test_a_request_path_readies_its_split_at_its_first_run_without_teaching_the_
     assert split == [(3, True)]  # the made-up request; the row itself is walked alone
     with jit_tier.using(False):
         _equal(got, ml_trees.tree_ensemble_classifier(np, one, **attrs, _node={}))
+
+
+@pytest.mark.parametrize("slow", ["split", "whole"])
+def test_the_clock_keeps_the_split_only_where_it_is_faster(split_counts, monkeypatch, slow):
+    """A request's few rows that the forest may split by trees are timed split and whole
+    (each walk both ways, ``tree_requests._walk_or_split``): the faster way is kept, and
+    either way gives the NumPy tier's bits. The split made slower here by a sleep in its
+    path, or the whole walk by the clock it is timed on."""
+    import time  # noqa: PLC0415
+    rng = np.random.default_rng(41)
+    attrs = _forest(rng, 30, 4, "BRANCH_LEQ", "class_", depth=7)
+    attrs.update(classlabels_int64s=[0, 1, 2, 3], post_transform="NONE")
+    batches = [_rows(rng, 3) for _ in range(6)]
+    with jit_tier.using(False):
+        expected = [ml_trees.tree_ensemble_classifier(np, x, **attrs, _node={})
+                    for x in batches]
+    if slow == "split":
+        split_sums = forest_walks._Forest.split_sums
+        monkeypatch.setattr(forest_walks._Forest, "split_sums",
+                            lambda self, *args: time.sleep(0.002) or split_sums(self, *args))
+    state = {}
+    with jit_tier.using(True), parallel.pinned():
+        ml_trees.tree_ensemble_classifier(np, batches[0], **attrs, _node=state)
+        request = next(v for v in state.values() if hasattr(v, "request")).request
+        assert request.split_choices is not None  # the forest may split 3 rows by trees
+        if slow == "whole":  # a clock on which a split call takes a tenth of a whole one
+            reads = [0]
+
+            def clock():
+                reads[0] += 1
+                return 1_000_000 * reads[0] - 900_000 * len(split_counts)
+            monkeypatch.setattr(walk_choice, "clock", clock)
+        for call in range(60):  # 2 ways x the walks x SAMPLES timed, then the kept way
+            index = call % len(batches)
+            _equal(ml_trees.tree_ensemble_classifier(np, batches[index], **attrs,
+                                                     _node=state), expected[index])
+        before = sum(split_counts)
+        for index in range(len(batches)):
+            ml_trees.tree_ensemble_classifier(np, batches[index], **attrs, _node=state)
+    splits = sum(split_counts) - before
+    assert splits == (0 if slow == "split" else len(batches))
