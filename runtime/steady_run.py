@@ -43,7 +43,7 @@ class SteadyRun:
     feeds given as NumPy unicode text, which the run takes as object strings."""
 
     __slots__ = ("key", "plan", "_start", "_take_outputs", "_texts", "_memory", "_pools",
-                 "_one", "_judged")
+                 "_one", "_judged", "_idle")
 
     def __init__(self, key: tuple, plan: ExecutionPlan, start: dict,
                  take_outputs: Callable[[dict], list], texts: tuple = (),
@@ -55,6 +55,7 @@ class SteadyRun:
         self._pools: dict = {}  # (tier, native pool settings) -> the loaded native pool
         self._one: OneCall | None = None  # the settled run as its one call, where it is one
         self._judged = None  # the arena's settled calls _one was asked of
+        self._idle = 0  # settled runs in a row that woke the workers and gave them no job
 
     def run(self, feeds: dict) -> list:
         """The run of ``feeds`` (the BLAS gate admits it). As Session._gated_run: IEEE
@@ -100,14 +101,36 @@ class SteadyRun:
             # up by the first kernel, spinning until the run ends, unless asleep and
             # faster left so
             workers = self._workers_begin(key) if self.plan.wakes_workers else None
+            # (a run that left them asleep, its kernels taking every part, says nothing)
+            pool = self._pools.get((key[0], key[2])) if workers is None \
+                else workers[0] if workers[1] is not False else None
+            published = None if pool is None else pool.published()
             try:
                 run_bound(bound, env, arena.buffer)
             finally:
                 if workers is not None:
                     self.plan.wake_choice.ends(workers)
+            if pool is not None:
+                self._judge_workers(pool.published() != published)
         finally:
             if quiet is not None:
                 quiet_exit(quiet)
+
+    def _judge_workers(self, used: bool) -> None:
+        """After a settled run: whether its kernels handed the workers a job (``used``)
+        decides whether the plan's runs wake them as they begin. IDLE_RUNS runs in a row
+        that woke them for nothing stop it (a forest's few rows whose walk the clock keeps
+        whole on one thread, ``ops/ml/tree_requests.py``: the run then may be its one call,
+        :class:`OneCall`); one that handed them a job takes it up again."""
+        plan = self.plan
+        if used:
+            self._idle = 0
+            plan.wakes_workers = True
+        elif plan.wakes_workers:
+            self._idle += 1
+            if self._idle >= IDLE_RUNS:
+                self._idle = 0
+                plan.wakes_workers = False
 
     def _run_pinned(self, bound, env: dict, arena, key: tuple) -> None:
         """The kernels' calls in NumPy's quiet error state and a ``parallel.pinned`` block
@@ -153,6 +176,11 @@ class SteadyRun:
                 return None
             self._pools[found] = pool
         return self.plan.wake_choice.begins(pool, placement.placed_off())
+
+
+# settled runs in a row that wake the workers and hand them no job, after which a plan's
+# runs stop waking them (SteadyRun._judge_workers)
+IDLE_RUNS = 16
 
 
 def settled_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> tuple:

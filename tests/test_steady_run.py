@@ -398,6 +398,39 @@ def test_runs_that_find_the_workers_asleep_time_both_ways_and_answer_alike(monke
     assert (len(state["alone"]) >= LEARN) == (woken < TRY_ALONE_BELOW_S), state
 
 
+def test_a_plan_whose_runs_hand_the_workers_no_job_stops_waking_them(monkeypatch):
+    """A settled run that wakes the workers and hands them no job (a forest's walk the
+    clock keeps whole) counts toward IDLE_RUNS, after which the plan's runs no longer wake
+    them; a run that hands them a job takes it up again. A product that splits on every
+    run keeps it; a product too small to split, its plan told to wake them, stops. The
+    answers are the same bits throughout."""
+    from mixrt.runtime.session_feeds import feed_key  # noqa: PLC0415
+    session, x, _, first, lane = _split_product_lane(monkeypatch, seed=6)
+    for _ in range(2 * steady_run.IDLE_RUNS):  # back to back: its parts go to the workers
+        np.testing.assert_array_equal(session.run(None, {"x": x})[0], first)
+    assert lane.plan.wakes_workers
+    model, w = _product_model(inner=16)
+    session = mixrt.Session(model.SerializeToString())
+    row = x[:2, :16].copy()
+    session.run(None, {"x": row})
+    assert session.wait_compiled(timeout=600)
+    one = session.run(None, {"x": row})[0]
+    for _ in range(3):  # settled
+        session.run(None, {"x": row})
+    small = session._steady_runs[feed_key({"x": row})]
+    assert not small.plan.wakes_workers  # (too small to split)
+    small.plan.wakes_workers = True  # as a plan that split once learns it
+    for _ in range(steady_run.IDLE_RUNS - 1):
+        np.testing.assert_array_equal(session.run(None, {"x": row})[0], one)
+    assert small.plan.wakes_workers
+    for _ in range(2):
+        np.testing.assert_array_equal(session.run(None, {"x": row})[0], one)
+    assert not small.plan.wakes_workers
+    small._judge_workers(True)  # a run that handed them a job
+    assert small.plan.wakes_workers
+    np.testing.assert_allclose(one, row @ w, rtol=1e-4, atol=1e-3)
+
+
 def test_a_plan_stops_waking_workers_where_its_settings_have_none(monkeypatch):
     """With one intra-op thread there is no native pool: a plan that would wake its
     workers learns there are none (its lane looked for the pool on every run), and its

@@ -365,6 +365,11 @@ class Pool:
         """Is every worker asleep (so that a run that wants them pays their wake)?"""
         return self.block[SLEEPERS] >= self.workers
 
+    def published(self) -> int:
+        """The sequence number of the last job handed to the workers: a run that leaves it
+        as it found it handed them none."""
+        return int(self.block[STATE]) >> 16
+
     def run_begins(self):
         run_begins(self.block)
 
