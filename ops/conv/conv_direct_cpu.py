@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import math
 import threading
+from functools import partial
 
 import numpy as np
 
 from mixrt.ops.compiled import image_routes, jit_cpu, replay
+from mixrt.ops.compiled.entry_points import fixed_call
 from mixrt.ops.compiled.parallel import parallel_for, thread_parts
 from mixrt.ops.conv.direct_forms import POINTWISE_POSITIONS, STRIP, limits_array
 from mixrt.ops.conv.direct_layout import (_row_parts, _strip_parts, band_bounds,
@@ -140,13 +142,13 @@ def _kit_call(kit, native, itemsize: int):
     threads = native.workers + 1 if split else 1
     waking = native if split else None
 
-    def prepare(X, W, B, Z, out):
-        return _Prepared(kit, block, run, run_images, threads, waking, X, W, B, Z, out)
+    def prepare(X, W, B, Z, out, calls=partial):
+        return _Prepared(kit, block, run, run_images, threads, waking, calls, X, W, B, Z, out)
 
     def call(X, W, B, Z, out):
         prepare(X, W, B, Z, out).go()
         return out
-    call.bound_to = lambda arrays: _Prepared.kept(prepare(*arrays))
+    call.bound_to = lambda arrays: _Prepared.kept(prepare(*arrays, calls=fixed_call))
     return call
 
 
@@ -156,23 +158,28 @@ class _Prepared:
     the same arena views on every run (where the bias the tile reads is not a copy of a
     B that may change, a writable one): a bound convolution spent ~2-3 us of Python a
     call on the bias, the images' views and the checks, ~60 us of a SqueezeNet's run at
-    96 x 128 (2026-12-05)."""
+    96 x 128 (2026-12-05); its calls then go to their overloads' entries, past numba's
+    typing of each argument (``entry_points.py``)."""
 
-    __slots__ = ("native", "whole", "images", "steady")
+    __slots__ = ("native", "calls", "steady")
 
-    def __init__(self, kit, block, run, run_images, threads, native, X, W, B, Z, out):
+    def __init__(self, kit, block, run, run_images, threads, native, calls, X, W, B, Z,
+                 out):
         self.native = native  # to wake first: a sleeping worker takes ~10-15 us to run
         n, m = X.shape[0], W.shape[0]
         bias = kit.bias(B, m)
         whole = _whole_images(X, Z, n, threads)
-        self.whole = None if not whole else (
-            run_images, _images_arguments(block, kit.words, X, out, bias, Z, whole, threads))
+        # ``calls(kernel, *arguments)``: a call made once (functools.partial), or one a
+        # bound call keeps (entry_points.fixed_call: its overload found once)
+        made = [] if not whole else [calls(run_images, *_images_arguments(
+            block, kit.words, X, out, bias, Z, whole, threads))]
         y_all = out.reshape(n, m, -1)
         z_all = None if Z is None else Z.reshape(n, m, -1)
-        self.images = tuple(
-            (run, (block, kit.words, X[image], y_all[image], bias,
-                   y_all[image] if z_all is None else z_all[image], z_all is not None))
-            for image in range(whole, n))
+        made += [calls(run, *(block, kit.words, X[image], y_all[image], bias,
+                              y_all[image] if z_all is None else z_all[image],
+                              z_all is not None))
+                 for image in range(whole, n)]
+        self.calls = tuple(made)
         # (a reshape of a non-contiguous array is a copy, made for this call alone)
         self.steady = (B is None or not B.flags.writeable or np.may_share_memory(bias, B)) \
             and out.flags.c_contiguous and (Z is None or Z.flags.c_contiguous)
@@ -184,11 +191,8 @@ class _Prepared:
     def go(self) -> None:
         if self.native is not None:
             self.native.wake()  # it wakes while this thread starts
-        if self.whole is not None:
-            run_images, arguments = self.whole
-            run_images(*arguments)
-        for run, arguments in self.images:
-            run(*arguments)
+        for call in self.calls:
+            call()
 
 
 def _whole_images(X, Z, n: int, threads: int) -> int:

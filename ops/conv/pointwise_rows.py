@@ -30,6 +30,7 @@ import contextlib
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu, jit_tier, replay
+from mixrt.ops.compiled.entry_points import fixed_call
 from mixrt.ops.compiled.workspace import packed
 from mixrt.ops.conv import conv_direct_cpu
 from mixrt.ops.nn import matmul_cpu
@@ -209,8 +210,7 @@ def _compiled_action(X, W, B, Z, prepacked, limits):
         X, _, _, Z, out = arrays
         if not all(a is None or a.flags.c_contiguous for a in (X, Z, out)):
             return None
-        arguments = arguments_of(X, Z, out)
-        return lambda: kernel(*arguments)
+        return fixed_call(kernel, *arguments_of(X, Z, out))
     run.bound_to = bound_to
     return run
 

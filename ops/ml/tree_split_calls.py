@@ -16,6 +16,7 @@ import numpy as np
 import threading
 
 from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled.entry_points import fixed_call
 from mixrt.ops.ml import walk_choice
 from mixrt.ops.panels import native_parts
 
@@ -44,19 +45,20 @@ class SplitCall:
         addresses = np.empty(len(arrays) + 1, np.uint64)
         native_parts.fill_addresses(addresses, (words,) + arrays)
         data_address = addresses[1:2]  # the one address a call writes
-        run, block, address, parts = jit_cpu.panel_kernels().native_for, native.block, \
-            entry.address, len(bounds) - 1
-        add = jit_cpu.load("mixrt.ops.ml._jit_tree_leaves").add_leaves
-        first, trees = int(bounds[1]), len(roots)
+        # (each through its overload's entry: ops/compiled/entry_points.py)
+        run = fixed_call(jit_cpu.panel_kernels().native_for, native.block, entry.address,
+                         addresses, len(bounds) - 1)
+        add = fixed_call(jit_cpu.load("mixrt.ops.ml._jit_tree_leaves").add_leaves, leaves, 0,
+                         rows, int(bounds[1]), len(roots), leaf_start, leaf_targets,
+                         leaf_values, total, reached)
 
         def go(rows_now):
             total.fill(0)
             reached.fill(False)
             native_parts.fill_addresses(data_address, (rows_now,))
             jit_cpu.note_native_job()
-            run(block, address, addresses, parts)
-            add(leaves, 0, rows, first, trees, leaf_start, leaf_targets, leaf_values, total,
-                reached)
+            run()
+            add()
             return total, reached
         go.kept = (words, data_address)  # addresses[0] points into the words
         self._go = go
@@ -85,14 +87,14 @@ class RowsSplitCall:
         addresses = np.empty(len(arrays) + 1, np.uint64)
         native_parts.fill_addresses(addresses, (words,) + arrays)
         data_address, outputs_address = addresses[1:2], addresses[-2:]
-        run, block, address, parts = jit_cpu.panel_kernels().native_for, native.block, \
-            entry.address, len(bounds) - 1
+        run = fixed_call(jit_cpu.panel_kernels().native_for, native.block, entry.address,
+                         addresses, len(bounds) - 1)
 
         def go(data, first, second):
             native_parts.fill_addresses(data_address, (data,))
             native_parts.fill_addresses(outputs_address, (first, second))
             jit_cpu.note_native_job()
-            run(block, address, addresses, parts)
+            run()
         go.kept = words  # addresses[0] points into them
         self._go = go
 

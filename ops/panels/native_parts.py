@@ -36,6 +36,7 @@ import weakref
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu, jit_tier
+from mixrt.ops.compiled.entry_points import fixed_call
 from mixrt.ops.compiled.generated import kernel_module
 
 # work (elements written) from which a kernel's parts go to the native workers: their hand-off
@@ -137,11 +138,11 @@ def prepared(native, module, arrays: tuple, scalars: tuple, parts: list, keep=()
     addresses = np.empty(len(arrays) + 1, np.uint64)
     _typed_addresses(addresses, (words,) + tuple(arrays))
     entry = part_entry(module, "f" if arrays[0].dtype == np.float32 else "d")
-    run, block, address, count = jit_cpu.panel_kernels().native_for, native.block, \
-        entry.address, len(parts)
+    call = fixed_call(jit_cpu.panel_kernels().native_for, native.block, entry.address,
+                      addresses, len(parts))
 
     def go(*_):
-        run(block, address, addresses, count)
+        call()
     go.kept = (words, keep)  # addresses[0] points into the words
     return go
 
