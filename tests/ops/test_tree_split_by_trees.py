@@ -135,6 +135,19 @@ def test_a_walk_splits_by_trees_only_where_rows_are_few_and_the_forest_large(mon
         assert built.tree_parts(2 * forest_walks.SPLIT_ROWS)[1] is None  # split by rows
 
 
+def _classifier_batches(seed: int, count: int):
+    """A 30-tree, 4-class forest's attributes, ``count`` batches of 3 rows, and the NumPy
+    tier's answer to each."""
+    rng = np.random.default_rng(seed)
+    attrs = _forest(rng, 30, 4, "BRANCH_LEQ", "class_", depth=7)
+    attrs.update(classlabels_int64s=[0, 1, 2, 3], post_transform="NONE")
+    batches = [_rows(rng, 3) for _ in range(count)]
+    with jit_tier.using(False):
+        expected = [ml_trees.tree_ensemble_classifier(np, x, **attrs, _node={})
+                    for x in batches]
+    return attrs, batches, expected
+
+
 def test_a_prepared_split_call_answers_each_new_batch_and_each_thread(split_counts,
                                                                       monkeypatch):
     """The request path's split call is prepared once per thread and batch shape
@@ -143,13 +156,7 @@ def test_a_prepared_split_call_answers_each_new_batch_and_each_thread(split_coun
     and the whole walk pinned to the split's first walk.)"""
     import threading  # noqa: PLC0415
     monkeypatch.setattr(walk_choice.WalkChoice, "next", lambda self: (0, False))
-    rng = np.random.default_rng(37)
-    attrs = _forest(rng, 30, 4, "BRANCH_LEQ", "class_", depth=7)
-    attrs.update(classlabels_int64s=[0, 1, 2, 3], post_transform="NONE")
-    batches = [_rows(rng, 3) for _ in range(12)]
-    with jit_tier.using(False):
-        expected = [ml_trees.tree_ensemble_classifier(np, x, **attrs, _node={})
-                    for x in batches]
+    attrs, batches, expected = _classifier_batches(37, 12)
     state, found, errors = {}, {}, []
 
     def calls(caller, order):
@@ -219,13 +226,7 @@ def test_the_clock_keeps_the_split_only_where_it_is_faster(split_counts, monkeyp
     either way gives the NumPy tier's bits. The split made slower here by a sleep in its
     path, or the whole walk by the clock it is timed on."""
     import time  # noqa: PLC0415
-    rng = np.random.default_rng(41)
-    attrs = _forest(rng, 30, 4, "BRANCH_LEQ", "class_", depth=7)
-    attrs.update(classlabels_int64s=[0, 1, 2, 3], post_transform="NONE")
-    batches = [_rows(rng, 3) for _ in range(6)]
-    with jit_tier.using(False):
-        expected = [ml_trees.tree_ensemble_classifier(np, x, **attrs, _node={})
-                    for x in batches]
+    attrs, batches, expected = _classifier_batches(41, 6)
     if slow == "split":
         split_sums = forest_walks._Forest.split_sums
         monkeypatch.setattr(forest_walks._Forest, "split_sums",
