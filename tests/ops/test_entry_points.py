@@ -47,3 +47,35 @@ def test_a_plain_function_is_called_as_it_is():
     seen = []
     fixed_call(lambda *args: seen.append(args), 1, "two")()
     assert seen == [(1, "two")]
+
+
+def test_the_entry_kept_by_the_arguments_kinds_is_the_typed_one():
+    @njit(cache=False)
+    def add_into(a, b, out):  # this test's own: no other compiled its overloads
+        for i in range(out.shape[0]):
+            out[i] = a[i] + b[i]
+
+    a, b, out = np.arange(3.0), np.ones(3), np.zeros(3)
+    add_into(a, b, out)
+    first = fixed_call(add_into, a, b, out)
+    again = fixed_call(add_into, np.arange(3.0) * 2, b, np.zeros(3))  # same kinds: kept
+    assert again.func is first.func is not add_into
+    read_only = a.copy()
+    read_only.flags.writeable = False
+    assert fixed_call(add_into, read_only, b, out).func is add_into  # kinds apart
+    add_into(read_only, b, out)  # now compiled for it: the kept None is looked for again
+    found = fixed_call(add_into, read_only, b, out)
+    assert found.func is not add_into and found.func is not first.func
+    found()
+    np.testing.assert_array_equal(out, read_only + b)
+
+
+def test_a_python_int_past_int64_is_typed_by_numba_itself():
+    @njit(cache=False)
+    def first(x, y):
+        return x
+
+    assert first(5, 1) == 5  # compiled for (int64, int64)
+    assert fixed_call(first, 5, 1).func is not first
+    # uint64 to numba: no overload compiled for it, the dispatcher decides
+    assert fixed_call(first, 2 ** 64 - 1, 1).func is first
