@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import threading
-from functools import partial
 
 import numpy as np
 
@@ -142,14 +141,40 @@ def _kit_call(kit, native, itemsize: int):
     threads = native.workers + 1 if split else 1
     waking = native if split else None
 
-    def prepare(X, W, B, Z, out, calls=partial):
-        return _Prepared(kit, block, run, run_images, threads, waking, calls, X, W, B, Z, out)
-
     def call(X, W, B, Z, out):
-        prepare(X, W, B, Z, out).go()
+        if waking is not None:
+            waking.wake()  # it wakes while this thread makes the arguments
+        _native_calls(kit, block, run, run_images, threads, _at_once, X, W, B, Z, out)
         return out
-    call.bound_to = lambda arrays: _Prepared.kept(prepare(*arrays, calls=fixed_call))
+
+    def bound_to(arrays):
+        return _Prepared(kit, block, run, run_images, threads, waking, *arrays).kept()
+    call.bound_to = bound_to
     return call
+
+
+def _at_once(kernel, *arguments) -> None:
+    """A native call made as its arguments are: an unbound call's (a route kept for an
+    image size, a replay before binding) keeps nothing for later."""
+    kernel(*arguments)
+
+
+def _native_calls(kit, block, run, run_images, threads: int, calls, X, W, B, Z,
+                  out) -> tuple[list, np.ndarray]:
+    """``calls(kernel, *arguments)`` for each native call of the convolution, in order (the
+    whole images' run, then each other image's): their answers, and the bias the tile
+    reads, which their arguments hold."""
+    n, m = X.shape[0], W.shape[0]
+    bias = kit.bias(B, m)
+    whole = _whole_images(X, Z, n, threads)
+    made = [] if not whole else [calls(run_images, *_images_arguments(
+        block, kit.words, X, out, bias, Z, whole, threads))]
+    y_all = out.reshape(n, m, -1)
+    z_all = None if Z is None else Z.reshape(n, m, -1)
+    made += [calls(run, *(block, kit.words, X[image], y_all[image], bias,
+                          y_all[image] if z_all is None else z_all[image], z_all is not None))
+             for image in range(whole, n)]
+    return made, bias
 
 
 class _Prepared:
@@ -163,22 +188,11 @@ class _Prepared:
 
     __slots__ = ("native", "calls", "steady")
 
-    def __init__(self, kit, block, run, run_images, threads, native, calls, X, W, B, Z,
-                 out):
+    def __init__(self, kit, block, run, run_images, threads, native, X, W, B, Z, out):
         self.native = native  # to wake first: a sleeping worker takes ~10-15 us to run
-        n, m = X.shape[0], W.shape[0]
-        bias = kit.bias(B, m)
-        whole = _whole_images(X, Z, n, threads)
-        # ``calls(kernel, *arguments)``: a call made once (functools.partial), or one a
-        # bound call keeps (entry_points.fixed_call: its overload found once)
-        made = [] if not whole else [calls(run_images, *_images_arguments(
-            block, kit.words, X, out, bias, Z, whole, threads))]
-        y_all = out.reshape(n, m, -1)
-        z_all = None if Z is None else Z.reshape(n, m, -1)
-        made += [calls(run, *(block, kit.words, X[image], y_all[image], bias,
-                              y_all[image] if z_all is None else z_all[image],
-                              z_all is not None))
-                 for image in range(whole, n)]
+        # each call through its overload's entry (entry_points.fixed_call: found once)
+        made, bias = _native_calls(kit, block, run, run_images, threads, fixed_call, X, W, B,
+                                   Z, out)
         self.calls = tuple(made)
         # (a reshape of a non-contiguous array is a copy, made for this call alone)
         self.steady = (B is None or not B.flags.writeable or np.may_share_memory(bias, B)) \
