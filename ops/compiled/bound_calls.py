@@ -149,7 +149,10 @@ def binds_replay(kernel: Callable, arrange: Callable, state: str = "_node") -> N
             return None  # recorded for another arena's output (or another route)
         action = found.action
         bound_to = getattr(action, "bound_to", None)
-        go = None if bound_to is None else bound_to(arrays)
+        with_out = getattr(action, "with_out", None)
+        # a product on a feed (a new array each run) is bound on its input alone, below
+        go = None if bound_to is None or with_out is not None and not _in_arena(
+            args[0], out) else bound_to(arrays)
         if go is not None:
             # the call on these very arrays, its arguments made once (a direct
             # convolution's: ops/conv/conv_direct_cpu._Prepared); a run that passes
@@ -164,7 +167,6 @@ def binds_replay(kernel: Callable, arrange: Callable, state: str = "_node") -> N
                 return out
             fixed.silent = found.silent
             return fixed
-        with_out = getattr(action, "with_out", None)
         if with_out is not None and arrays[0] is args[0]:
             # a call on its first input alone, into this output (a panel product's,
             # ops/nn/matmul_cpu.panel_action): no arguments to arrange, no view of the
@@ -184,6 +186,13 @@ def binds_replay(kernel: Callable, arrange: Callable, state: str = "_node") -> N
         call.silent = found.silent
         return call
     _REPLAYS[kernel] = binder
+
+
+def _in_arena(array, out) -> bool:
+    """Is ``array`` a view of the same memory as ``out`` (an arena's), so the same array on
+    every run of the bound list, unlike a feed?"""
+    base = getattr(array, "base", None)
+    return base is not None and base is out.base
 
 
 def replay_binder(kernel: Callable) -> Callable:

@@ -37,6 +37,7 @@ import numpy as np
 from mixrt.base.settings import batch_invariant
 from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.nn import row_kernels
+from mixrt.ops.nn.panel_calls import panel_action, product_call, rows_of
 from mixrt.ops.nn.product_parts import load_packed_entry, native_parts, shared_packs
 from mixrt.ops.compiled.workspace import named_buffer, packed, per_shape
 from mixrt.ops.compiled.parallel import parallel_for, thread_parts
@@ -476,20 +477,27 @@ def _call_at(kit: _RowsKit, rows: int):
     if not _split(rows, k, n, kit.itemsize):
         one, spill = kernels.panel_product, kit.spill
 
+        def arguments(A, target):
+            return rows_of(A, rows, k), panels, target, 0, count, spill, bias, limits
+
         def into(target):
-            return lambda A: one(_rows_of(A, rows, k), panels, target, 0, count, spill, bias,
+            return lambda A: one(rows_of(A, rows, k), panels, target, 0, count, spill, bias,
                                  limits)
-        return _with_out(into, rows, n)
+        return product_call(into, rows, n, one, arguments)
     if kit.native is not None:
         bounds = _bounds(kit, rows, True)
         block, parts = kit.native.block, len(bounds) // 4
         spill, worker_spill = kit.spill, kit.worker_spill
         run, shared = _native_run(kit, rows, bounds)
 
+        def arguments(A, target):
+            return (block, parts, rows_of(A, rows, k), panels, target, bounds, spill,
+                    worker_spill, bias, limits, *shared)
+
         def into(target):
-            return lambda A: run(block, parts, _rows_of(A, rows, k), panels, target, bounds,
+            return lambda A: run(block, parts, rows_of(A, rows, k), panels, target, bounds,
                                  spill, worker_spill, bias, limits, *shared)
-        return _with_out(into, rows, n)
+        return product_call(into, rows, n, run, arguments)
     dtype, spill_shape = kit.dtype, kit.spill.shape
 
     def threads(A, out):
@@ -514,35 +522,6 @@ def _native_run(kit: _RowsKit, rows: int, bounds: np.ndarray) -> tuple:
     strips = jit_cpu.scratch_array("panel_strips", kit.dtype,
                                    (rows // kernels.DENSE_ROWS * kernels.PACKED_STRIDE * kit.k,))
     return kernels.native_packed_product, (strips, packs)
-
-
-def _with_out(into, rows: int, n: int):
-    """``call(A, out)`` from ``into(target)``, the call into ``target`` (``out`` as rows);
-    ``call.with_out(out)`` is the call on A alone into that one ``out``, its rows view made
-    once: what a bound call takes (``panel_action``)."""
-    def call(A, out):
-        return into(out.reshape(rows, n))(A)
-    call.with_out = lambda out: into(out.reshape(rows, n))
-    return call
-
-
-def _rows_of(A, rows: int, k: int):
-    """A as (rows, k): itself where it is already two-dimensional (its last axis is k), so
-    that a bound call makes no view of it (a reshape is ~13 us of a request 10 ms after
-    the last, cold; ``ndim`` less)."""
-    return A if A.ndim == 2 else A.reshape(rows, k)
-
-
-def panel_action(call):
-    """A panel product's call as its node's replay, ``action(A, ..., out)``; with
-    ``action.with_out(out)`` where the call has one (``bound_calls.binds_replay`` binds
-    that: one call into the arena's view, without the replay's argument shuffle)."""
-    def action(*arrays):
-        return call(arrays[0], arrays[-1])
-    with_out = getattr(call, "with_out", None)
-    if with_out is not None:
-        action.with_out = with_out
-    return action
 
 
 # the panel kernels' "no bias" (an empty vector of the product's dtype)
