@@ -176,3 +176,14 @@ def counted_optimizer_launches(monkeypatch) -> list:
         return lambda *args: (launches.append(kernel_name), kernel(*args))[1]
     monkeypatch.setattr(optimizer_kernels, "raw_kernel", counted)
     return launches
+
+
+def unbound_run(session, feeds: dict, monkeypatch):
+    """``session``'s first output for ``feeds`` with its steps called afresh, none bound
+    (``run_loop.BIND`` off for the run): what a bound run must give, bit for bit."""
+    from mixrt.runtime import run_loop  # noqa: PLC0415  (mixrt's own: imported by its tests)
+    monkeypatch.setattr(run_loop, "BIND", False)
+    try:
+        return session.run(None, feeds)[0]
+    finally:
+        monkeypatch.setattr(run_loop, "BIND", True)

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
 from mixrt.ops.conv import conv_direct_cpu, pointwise_rows
-from mixrt.runtime import run_loop
+from helpers import unbound_run
 
 
 def _model(channels: int, outputs: int, computed_bias: bool):
@@ -48,14 +48,6 @@ def _model(channels: int, outputs: int, computed_bias: bool):
     return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def _unbound(session, feeds, monkeypatch):
-    monkeypatch.setattr(run_loop, "BIND", False)
-    try:
-        return session.run(None, feeds)[0]
-    finally:
-        monkeypatch.setattr(run_loop, "BIND", True)
-
-
 @pytest.mark.parametrize("channels, outputs", [(16, 16), (20, 24)])  # whole panels or not
 @pytest.mark.parametrize("computed_bias", [False, True])
 # planes of pixel rows (pointwise_rows.py: 5 x 7), small and larger ones; whole images
@@ -72,7 +64,7 @@ def test_bound_convolutions_give_the_kernels_bits_run_after_run(channels, output
     for _ in range(6):  # the first runs record and bind, the later ones run bound
         feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
         got = session.run(None, feeds)[0]
-        np.testing.assert_array_equal(got, _unbound(reference, feeds, monkeypatch))
+        np.testing.assert_array_equal(got, unbound_run(reference, feeds, monkeypatch))
 
 
 def test_a_bound_convolution_makes_its_arguments_once(monkeypatch):

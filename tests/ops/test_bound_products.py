@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
 from mixrt.ops.compiled import entry_points
-from mixrt.runtime import run_loop
+from helpers import unbound_run
 
 
 def _mlp(inputs: int, widths: tuple, outputs: int):
@@ -30,14 +30,6 @@ def _mlp(inputs: int, widths: tuple, outputs: int):
     return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def _unbound(session, feeds, monkeypatch):
-    monkeypatch.setattr(run_loop, "BIND", False)
-    try:
-        return session.run(None, feeds)[0]
-    finally:
-        monkeypatch.setattr(run_loop, "BIND", True)
-
-
 @pytest.mark.parametrize("rows", [11, 300])  # one thread; split over the native pool
 def test_bound_products_give_the_bits_of_unbound_ones(rows, monkeypatch):
     session = mixrt.Session(_mlp(349, (34, 96), 264))
@@ -46,7 +38,7 @@ def test_bound_products_give_the_bits_of_unbound_ones(rows, monkeypatch):
     for _ in range(6):  # the first runs record and bind, the later ones run bound
         feeds = {"x": rng.standard_normal((rows, 349)).astype(np.float32)}
         got = session.run(None, feeds)[0]
-        np.testing.assert_array_equal(got, _unbound(reference, feeds, monkeypatch))
+        np.testing.assert_array_equal(got, unbound_run(reference, feeds, monkeypatch))
 
 
 def test_a_product_on_the_arena_is_prepared_once_and_one_on_a_feed_is_not(monkeypatch):
