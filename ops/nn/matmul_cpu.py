@@ -37,7 +37,7 @@ import numpy as np
 from mixrt.base.settings import batch_invariant
 from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.nn import row_kernels
-from mixrt.ops.nn.panel_calls import panel_action, product_call, rows_of
+from mixrt.ops.nn.panel_calls import ProductCall, panel_action
 from mixrt.ops.nn.product_parts import load_packed_entry, native_parts, shared_packs
 from mixrt.ops.compiled.workspace import named_buffer, packed, per_shape
 from mixrt.ops.compiled.parallel import parallel_for, thread_parts
@@ -475,29 +475,14 @@ def _call_at(kit: _RowsKit, rows: int):
     k, n, panels, bias, limits = kit.k, kit.n, kit.panels, kit.bias, kit.limits
     kernels, count = kit.kernels, kit.count
     if not _split(rows, k, n, kit.itemsize):
-        one, spill = kernels.panel_product, kit.spill
-
-        def arguments(A, target):
-            return rows_of(A, rows, k), panels, target, 0, count, spill, bias, limits
-
-        def into(target):
-            return lambda A: one(rows_of(A, rows, k), panels, target, 0, count, spill, bias,
-                                 limits)
-        return product_call(into, rows, n, one, arguments)
+        return ProductCall(kernels.panel_product, (), panels,
+                           (0, count, kit.spill, bias, limits), rows, k, n)
     if kit.native is not None:
         bounds = _bounds(kit, rows, True)
-        block, parts = kit.native.block, len(bounds) // 4
-        spill, worker_spill = kit.spill, kit.worker_spill
         run, shared = _native_run(kit, rows, bounds)
-
-        def arguments(A, target):
-            return (block, parts, rows_of(A, rows, k), panels, target, bounds, spill,
-                    worker_spill, bias, limits, *shared)
-
-        def into(target):
-            return lambda A: run(block, parts, rows_of(A, rows, k), panels, target, bounds,
-                                 spill, worker_spill, bias, limits, *shared)
-        return product_call(into, rows, n, run, arguments)
+        return ProductCall(run, (kit.native.block, len(bounds) // 4), panels,
+                           (bounds, kit.spill, kit.worker_spill, bias, limits, *shared),
+                           rows, k, n)
     dtype, spill_shape = kit.dtype, kit.spill.shape
 
     def threads(A, out):
