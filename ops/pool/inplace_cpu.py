@@ -49,9 +49,11 @@ BLOCK_BYTES = 256 << 10
 SEPARABLE_BLOCK_BYTES = 2 << 20
 # the generic pools reduce over a strided view past this many taps (another summation order)
 MAX_TAPS = 400
-# the compiled 2-D pools pay a loop per tap, so they take planes with at least this many
-# outputs and no fewer outputs than taps: a 7x7 pool to 1x1 over 544 planes took 0.19 ms
-# there against 0.03 ms here; at 7x7 outputs of a 3x3 window they were even
+# the phase-plane pools (plane_pools.py) pay a loop per tap, so they take planes with at
+# least this many outputs and no fewer outputs than taps: a 7x7 pool to 1x1 over 544 planes
+# took 0.19 ms there against 0.03 ms here; at 7x7 outputs of a 3x3 window they were even. The
+# unrolled separable loop (jit_pool.py) takes any size it suits: SqueezeNet's last MaxPool
+# (3x3/2 on 256x7x7, 3x3 outputs) 50 us here, 26 there (2026-12-05)
 JIT_MIN_OUTPUTS = 16
 
 
@@ -317,16 +319,16 @@ def _pool_jit(X, out, geometry, maximum, counts=None, node=None):
     kernel, out_dims = geometry[0], geometry[5]
     shape = X.shape[:2] + out_dims
     if not plane_pools.pool_suits(X, geometry) or math.prod(kernel) > MAX_TAPS \
-            or math.prod(out_dims) < max(JIT_MIN_OUTPUTS, math.prod(kernel)) \
             or (out is not None and out.shape != shape):
         return None
     replays = node if out is not None else None
-    if out is None:
-        out = np.empty(shape, dtype=X.dtype)
-    if jit_pool.suits(X, out, geometry) and (not np.may_share_memory(X, out)
-                                             or _over_prefix(X, out)):
-        return jit_pool.pool2d(X, out, geometry, maximum, counts, replays)
-    return plane_pools.pool2d(X, out, geometry, maximum, counts)
+    target = np.empty(shape, dtype=X.dtype) if out is None else out
+    if jit_pool.suits(X, target, geometry) and (not np.may_share_memory(X, target)
+                                                or _over_prefix(X, target)):
+        return jit_pool.pool2d(X, target, geometry, maximum, counts, replays)
+    if math.prod(out_dims) < max(JIT_MIN_OUTPUTS, math.prod(kernel)):
+        return None  # the phase planes' loop per tap loses to NumPy's passes there
+    return plane_pools.pool2d(X, target, geometry, maximum, counts)
 
 
 @max_pool.fast("cpu")

@@ -38,6 +38,7 @@ import functools
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.compiled.entry_points import fixed_call
 from mixrt.ops.compiled.generated import kernel_module as compiled
 from mixrt.ops.panels.native_parts import IMPORTS, part_source, prepared, split
 from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
@@ -75,8 +76,8 @@ def suits(X, out, geometry) -> bool:
 def pool2d(X, out, geometry, maximum: bool, counts=None, replays=None):
     """MaxPool (``maximum``) or AveragePool (window sums / ``counts``, one number or an
     (oh, ow) array) of X (N, C, H, W) into ``out`` (N, C, oh, ow); see :func:`suits`. A
-    call split over the native workers is kept as the node's replay in ``replays`` (its
-    dict, or None: ``ops/compiled/replay.py``)."""
+    call over the native workers, or on this thread alone, is kept as the node's replay in
+    ``replays`` (its dict, or None: ``ops/compiled/replay.py``)."""
     kernel, strides, dilations, begin, _, out_dims = geometry
     (height, width), (oh, ow) = X.shape[2:], out_dims
     x = X.reshape(-1, height, width)
@@ -87,36 +88,46 @@ def pool2d(X, out, geometry, maximum: bool, counts=None, replays=None):
     in_place = not whole and np.may_share_memory(X, out)
     if whole:
         module = _compiled_whole(tuple(kernel), tuple(begin), bool(maximum))
-        run = module.run
         chunk = max(1, CHUNK_ELEMENTS // (height * width))
+        scalars = (chunk,)
 
-        def part(start, stop):
+        def arguments(start, stop):
             v = np.empty(min(chunk, stop - start) * height * width, X.dtype)
-            run(x, y, v, divisor, start, stop, chunk)
+            return x, y, v, divisor, start, stop, chunk
     else:
         # the padded row as far as the last window reaches (ceil_mode can reach past the pads)
         row_cells = max(begin[1] + width,
                         (ow - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1)
         module = _compiled(tuple(kernel), tuple(strides), tuple(dilations), bool(maximum))
-        run = module.run
+        scalars = (row_cells, begin[0], begin[1])
 
-        def part(start, stop):
+        def arguments(start, stop):
             row = np.empty(row_cells, X.dtype)
             staged = np.empty((oh, ow) if in_place else (0, 0), X.dtype)
-            run(x, y, row, staged, divisor, begin[0], begin[1], start, stop)
+            return x, y, row, staged, divisor, begin[0], begin[1], start, stop
     planes = x.shape[0]
     native = jit_cpu.native_pool()
     parts = split(planes, X.size, native)
     if parts is not None:
-        go = _native_call(native, module, x, y, divisor, in_place, parts,
-                          (chunk,) if whole else (row_cells, begin[0], begin[1]))
-        replay.record(replays, (X, out), go, silent=True)
-        go(X, out)
+        go = _native_call(native, module, x, y, divisor, in_place, parts, scalars)
     elif in_place or X.size < SPLIT_ELEMENTS:
-        part(0, planes)
+        go = _alone_call(module.run, arguments(0, planes))
     else:
-        parallel_for(thread_parts(planes, X.size), part)
+        parallel_for(thread_parts(planes, X.size),
+                     lambda start, stop: module.run(*arguments(start, stop)))
+        return out
+    replay.record(replays, (X, out), go, silent=True)
+    go(X, out)
     return out
+
+
+def _alone_call(run, arguments: tuple):
+    """``go(X, out)``: the pool's one call over all planes on this thread, its arguments
+    (the scratch too) made once: what a replay of the node calls. A small pool's route
+    through :func:`pool2d` every run cost more than its loop (SqueezeNet's last MaxPool, 3x3
+    stride 2 on 256x7x7: ~37 us a run against a loop of ~19; 2026-12-05)."""
+    call = fixed_call(run, *arguments)
+    return lambda X, out: call()
 
 
 def _native_call(native, module, x, y, divisor, in_place, parts, scalars):
@@ -317,8 +328,9 @@ def _whole_source(kernel, begin, maximum) -> list[str]:
         f"            inner = v[{top} * width:{top} * width + count]",
         *loop(12, "inner", rows, False, check=maximum),
         *redo_if_nan(12, "inner", rows),
-        "        for r0 in range(0, total, area):  # each plane's edge rows",
     ]
+    if edge_rows:  # (none for a one-row window)
+        body.append("        for r0 in range(0, total, area):  # each plane's edge rows")
     for offset, taps in edge_rows:
         sources = [f"xs[uint64(base + r0 + {offset} + {a - top} * width + j)]" for a in taps]
         body += [

@@ -245,6 +245,29 @@ def test_pools_replay_and_match_the_unoptimized_graph(case, monkeypatch):
         assert np.may_share_memory(arrays[0](), arrays[1]())  # it did run in place
 
 
+SMALL_POOLS = {
+    # SqueezeNet's last MaxPool (3x3 stride 2, ceil mode) on 7x7 planes: 3x3 outputs, one
+    # call on this thread, over its dying input
+    "max in place, ceil mode": helper.make_node("MaxPool", ["r"], ["c"], kernel_shape=[3, 3],
+                                                strides=[2, 2], ceil_mode=1),
+    "average, same size": POOLS["average, same size"],
+    # a same-size pool with one-row windows: no edge rows in its chunked loop
+    "max, one-row window": helper.make_node("MaxPool", ["r"], ["c"], kernel_shape=[1, 3],
+                                            pads=[0, 1, 0, 1]),
+}
+
+
+@pytest.mark.parametrize("case", list(SMALL_POOLS), ids=list(SMALL_POOLS))
+def test_small_pools_replay_their_one_call_on_this_thread(case, monkeypatch):
+    # too small to hand to the native workers: the call on this thread is the replay
+    fired = _spy_on_replays(monkeypatch)
+    session = _runs_match_the_unoptimized_graph(
+        _model([SMALL_POOLS[case]], {}, channels=32, size=7), (1, 32, 7, 7), 1e-5, nan=True)
+    (step,) = [s for s in session._bound.nodes if s.node.op_type.endswith("Pool")]
+    node = step.attributes["_node"]
+    assert replay.KEY in node and _replays_of(fired, node)[-2:] == [True, True]
+
+
 def test_an_input_made_anew_each_run_over_the_same_bytes_replays(monkeypatch):
     # Relu -> Reshape (a view of the Relu's arena slot, a new array object every run) ->
     # depthwise conv: matched by address, shape, strides and dtype instead of identity
