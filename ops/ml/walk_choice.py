@@ -39,6 +39,15 @@ and a process that compiles in the foreground (the background compiler's child,
 so the cache the session loads from holds them all. Before, a row bucket's bound call
 (``runtime/row_buckets.py``), made on made-up rows, timed XGBoost's branching walk at its
 first real request of 1,282 rows and compiled it there: 2.3 s (2026-12-04).
+
+A class's first round starts from what its neighbour learnt: where the class a power of
+two below or above has kept a walk, the walks that were PRIOR_SLOWER times its fastest
+there or slower are left out of this class's first round (the next rounds, every
+RETUNE_CALLS calls, time them all again). A service whose batches each have their own size
+met each class's round in turn, and most of a round's calls took a slow walk: a 103-tree
+depth-4 random forest's batches of 1-64 rows, a new size every 10 ms, timed 96 of their
+first 200 calls, the branching walks there 90-140 us against the stepped walk's 30-60
+(the new-shape p50 0.30 ms against onnxruntime's 0.11, 2026-12-05).
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ LONG_CALL_NS = 2_000_000  # a walk whose call takes this long is timed LONG_SAMP
 LONG_SAMPLES = 2
 LEFT_OUT_NS = 1 << 62  # the time a walk whose kernel is in no cache counts as
 RECHECK_NS = 30_000_000_000  # how long a walk found in no cache stays left out
+PRIOR_SLOWER = 2.0  # a walk this much slower in the neighbouring class sits a first round out
 
 clock = time.perf_counter_ns  # what a walk is timed by
 
@@ -64,12 +74,19 @@ class WalkChoice:
     gives their tables) for one batch size: :meth:`next` says which walk the next call takes
     and whether to time it, :meth:`timed` takes the time it took."""
 
-    __slots__ = ("_samples", "_kept", "_calls")
+    __slots__ = ("_samples", "_kept", "_calls", "fastest")
 
-    def __init__(self, count: int = 4):
+    def __init__(self, count: int = 4, prior: list[int] | None = None):
         self._samples: list[list[int]] = [[] for _ in range(count)]
         self._kept: int | None = None  # the kept walk, None while timing
         self._calls = 0
+        self.fastest: list[int] | None = None  # each walk's fastest call, once one is kept
+        if prior is not None and len(prior) == count and min(prior) > 0:
+            # a neighbouring class's fastest calls: its slow walks sit this round out
+            bar = min(prior) * PRIOR_SLOWER
+            for index, took in enumerate(prior):
+                if took >= bar:
+                    self.leave_out(index)
 
     def next(self) -> tuple[int, bool]:
         """(the walk this call takes, time this call)."""
@@ -92,10 +109,12 @@ class WalkChoice:
             # the fastest of each: a call another process interrupted says nothing
             fastest = [min(times) for times in samples]
             self._kept = fastest.index(min(fastest))
+            self.fastest = fastest
 
     def leave_out(self, index: int) -> None:
-        """Walk ``index`` cannot run here without compiling: timed as never fastest, until
-        the next round of timing asks again."""
+        """Walk ``index`` cannot run here without compiling, or sits this round out (a
+        neighbouring class found it slow): timed as never fastest, until the next round
+        of timing asks again."""
         while not _enough(self._samples[index]):
             self.timed(index, LEFT_OUT_NS)
 
@@ -132,8 +151,18 @@ class WalkChoices:
         size_class = rows.bit_length()
         choice = self._by_rows.get(size_class)
         if choice is None and len(self._by_rows) < MOST_SIZES:
-            choice = self._by_rows.setdefault(size_class, WalkChoice(self._count))
+            choice = self._by_rows.setdefault(size_class, WalkChoice(
+                self._count, self._neighbours_fastest(size_class)))
         return choice
+
+    def _neighbours_fastest(self, size_class: int) -> list[int] | None:
+        """The fastest calls of each walk in the class below ``size_class`` or, failing
+        that, above it, where that class has kept a walk; else None."""
+        for neighbour in (size_class - 1, size_class + 1):
+            choice = self._by_rows.get(neighbour)
+            if choice is not None and choice.fastest is not None:
+                return choice.fastest
+        return None
 
     def loaded(self, kernel, key, kernel_arguments) -> tuple | None:
         """Which walks ``kernel`` may take here without compiling, a bool each, or None

@@ -70,6 +70,38 @@ def test_batch_sizes_of_one_power_of_two_share_a_choice(monkeypatch):
     assert bounded.for_rows(1) is None and bounded.for_rows(5) is bounded.for_rows(4)
 
 
+def test_a_new_class_times_only_the_walks_its_neighbour_found_near_the_fastest():
+    """A service's batches each of their own size meet each class's first round: the walks
+    twice as slow or worse in the class below (or above) sit that round out."""
+    choices = walk_choice.WalkChoices()
+    _timed_round(choices.for_rows(40), (100, 300, 250, 150))
+    tried = _timed_round(choices.for_rows(80), (90, 10, 10, 200))
+    assert sorted(set(tried)) == [0, 3]  # 1 and 2 were 2.5x and 3x the fastest at 32-63 rows
+    assert choices.for_rows(80).kept == 0
+    # and from above: 16-31 rows learn from 32-63
+    assert sorted(set(_timed_round(choices.for_rows(20), (100, 100, 100, 100)))) == [0, 3]
+    # a class two powers of two away learns nothing
+    assert sorted(set(_timed_round(choices.for_rows(4), (100, 100, 100, 100)))) == [0, 1, 2, 3]
+
+
+def test_a_class_with_no_neighbour_kept_and_every_later_round_time_every_walk():
+    choices = walk_choice.WalkChoices()
+    first = choices.for_rows(40)
+    assert sorted(set(_timed_round(first, (100, 300, 250, 150)))) == [0, 1, 2, 3]
+    neighbour = choices.for_rows(64)
+    tried = _timed_round(neighbour, (100, 300, 250, 150))
+    assert sorted(set(tried)) == [0, 3]  # its first round learnt from 32-63 rows
+    calls = len(tried)
+    while (calls + 1) % walk_choice.RETUNE_CALLS:  # on to the next round
+        assert neighbour.next() == (0, False)
+        calls += 1
+    index, timing = neighbour.next()
+    assert timing
+    neighbour.timed(index, 300)
+    assert sorted(set(_timed_round(neighbour, (300, 100, 100, 100)))) == [0, 1, 2, 3]
+    assert neighbour.kept == 1
+
+
 def test_a_long_call_times_its_walk_twice():
     """Each more sample of a slow walk costs the request that takes it; a call of
     LONG_CALL_NS or more is long against the clock's noise, but its walk's first call
