@@ -215,9 +215,10 @@ class _Forest(_ForestTables):
         return True
 
     def rows_split(self, X, precision, finish: tuple | None = None, base=None):
-        """The walk of X's batch shape split by rows between this thread and the native
-        worker, prepared once on this thread (``tree_split_calls.RowsSplit``: a later call
-        of that shape writes its rows' and outputs' addresses and runs): with ``finish``
+        """The walk of X's rows split by rows between this thread and the native worker,
+        prepared once on this thread for rows of X's width split in as many parts
+        (``tree_split_calls.RowsSplit``: a later call writes its rows' count, bounds and
+        addresses and runs): with ``finish``
         and ``base``, a classifier's (:meth:`classify_parts`: ``split(data, chosen,
         scores)``); without, the sums' (``split(data, total, reached)``, from zeros, as
         :meth:`compiled_sums`). None where :meth:`_split` keeps the rows on one thread, the
@@ -227,11 +228,11 @@ class _Forest(_ForestTables):
             return None
         data_type = X.dtype if X.dtype in (np.float32, np.float64) else np.dtype(np.float64)
         precision = np.dtype(precision)
-        bounds = [start for start, _ in parts] + [parts[-1][1]]
-        key = ("rows", threading.get_ident(), X.shape, data_type.char, precision.char,
-               finish, id(base))
+        # any count of rows of this width (each call writes its count and bounds)
+        key = ("rows", threading.get_ident(), X.shape[1:], len(parts), data_type.char,
+               precision.char, finish, id(base))
         split = self._split_calls.get(key)
-        if split is not None and split.native is native and split.bounds == bounds \
+        if split is not None and split.native is native \
                 and (finish is None or split.fixed[2] is base):
             return split
         family = "ENTRIES" if finish is None else "CLASSIFY_ENTRIES"
@@ -249,8 +250,8 @@ class _Forest(_ForestTables):
             else list(self.walk_candidates(precision))
         if len(self._split_calls) >= MOST_SPLIT_CALLS:  # threads come and go
             self._split_calls.clear()
-        split = self._split_calls[key] = RowsSplit(native, entry, bounds, settings, fixed,
-                                                   choices, walks)
+        split = self._split_calls[key] = RowsSplit(native, entry, len(parts), settings,
+                                                   fixed, choices, walks)
         return split
 
     def tree_parts(self, rows: int) -> tuple:

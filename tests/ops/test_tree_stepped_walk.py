@@ -231,3 +231,28 @@ def test_a_classifier_split_by_rows_scores_each_part_with_one_threads_bits(
     with jit_tier.using(True), parallel.pinned():
         alone = ml_trees.tree_ensemble_classifier(np, x, **attrs, _node={})
     _equal(alone, got)
+
+
+@pytest.mark.parametrize("classes", [2, 4])
+def test_one_rows_split_serves_batches_of_every_size(classes):
+    """The split by rows is prepared once per rows' width and number of parts, and each
+    call writes its rows' count and the parts' bounds: batches of sizes that come and go
+    (a service's) each match the NumPy tier, through the one prepared split."""
+    if jit_cpu.panel_kernels() is None:
+        pytest.skip("no native worker pool on this machine (it needs AVX-512)")
+    rng = np.random.default_rng(classes + 40)
+    attrs = _forest(rng, 40, classes, "BRANCH_LEQ", "class_", depth=8)
+    attrs.update(classlabels_int64s=list(range(classes)), post_transform="NONE")
+    state: dict = {}
+    with jit_tier.using(True), parallel.pinned():
+        if jit_cpu.native_pool() is None:
+            pytest.skip("one thread: nothing to split")
+        for rows in (300, 123, 57, 300, 999, 64, 123):
+            x = _rows(rng, rows)
+            with jit_tier.using(False):
+                expected = ml_trees.tree_ensemble_classifier(np, x, **attrs, _node={})
+            got = ml_trees.tree_ensemble_classifier(np, x, **attrs, _node=state)
+            _equal(got, expected)
+    (found,) = _forests(state)
+    splits = [key for key in found._split_calls if key[0] == "rows"]
+    assert len(splits) == 1
