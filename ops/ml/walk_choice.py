@@ -45,9 +45,10 @@ two below or above has kept a walk, the walks that were PRIOR_SLOWER times its f
 there or slower are left out of this class's first round (the next rounds, every
 RETUNE_CALLS calls, time them all again). A service whose batches each have their own size
 met each class's round in turn, and most of a round's calls took a slow walk: a 103-tree
-depth-4 random forest's batches of 1-64 rows, a new size every 10 ms, timed 96 of their
-first 200 calls, the branching walks there 90-140 us against the stepped walk's 30-60
-(the new-shape p50 0.30 ms against onnxruntime's 0.11, 2026-12-05).
+depth-4 random forest's batches of 1-64 rows, a new size every 10 ms, had up to 96 of
+their first 200 calls timed (six classes, 16 calls each), the branching walks there 90-140
+us against the stepped walk's 30-60 (the new-shape p50 0.30 ms against onnxruntime's 0.11,
+2026-12-05).
 """
 
 from __future__ import annotations
