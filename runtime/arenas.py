@@ -83,7 +83,8 @@ class Arena:
         # (tier, thread, native pool, scratch generation) -> the calls with bound steps
         # (runtime/run_loop.bind_calls)
         self.bound: dict = {}
-        self.ran: set = set()  # the keys of bound that ran unbound once (bound at the next)
+        # the keys of bound -> the runs each made unbound (run_loop.BIND_AT_RUN binds)
+        self.ran: dict = {}
         # (thread, jit_tier.CHANGES, native pool key, key, bound calls) of the last run
         # that took bound calls on this arena (runtime/steady_run.settled_calls)
         self.settled: tuple | None = None

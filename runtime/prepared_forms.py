@@ -41,6 +41,7 @@ from mixrt.base.settings import setting
 from mixrt.runtime import collector
 from mixrt.runtime.inferred_plans import ShapeProgram, TrustedForm, plan_for_form
 from mixrt.runtime.row_buckets import RowBuckets, batch_names, rows_stay_apart, verified
+from mixrt.runtime.run_loop import BIND_AT_RUN
 
 
 @dataclass
@@ -153,8 +154,8 @@ BUCKETS_BUDGET_S = 0.5
 def run_ladder(sizes: list[tuple], run, budget_s: float | None = None) -> list[tuple]:
     """``run(feeds)`` LADDER_RUNS times at each of ``sizes`` in order, on feeds of zeros,
     until ``budget_s`` (``LADDER_BUDGET_S``) has passed; returns the sizes that ran. The
-    first run plans the size and takes its kernels' full routes, the second binds its
-    calls, the third settles them on this thread (``steady_run.settled_calls``), so a
+    first run plans the size and takes its kernels' full routes, the BIND_AT_RUN-th binds
+    its calls, the next settles them on this thread (``steady_run.settled_calls``), so a
     request of that size takes them, or its one call (``steady_run.OneCall``), from the
     first: a lone decision tree's stream of new batch sizes took the lane at the first
     request of each of its 56 sizes among 200, ~35 us more each (2026-11-29)."""
@@ -174,7 +175,8 @@ def run_ladder(sizes: list[tuple], run, budget_s: float | None = None) -> list[t
     return ran
 
 
-LADDER_RUNS = 3  # a ladder size's runs: planned, bound, settled
+# a ladder size's runs: planned, run until bound, settled
+LADDER_RUNS = BIND_AT_RUN + 1
 
 
 def ladder_sizes(signature: tuple, graph) -> list[tuple]:

@@ -78,9 +78,8 @@ def execute(steps, env, xp, arena: Arena | None = None, plan: ExecutionPlan | No
 def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict, key: tuple | None = None) -> None:
     """:func:`execute` of a CPU arena's plan without a profiler (the steady run lane's):
     the arena's bound calls (``ops/compiled/bound_calls.py``) for this tier and thread where an
-    earlier run made them, else the kernels' calls, binding them after the run (from the
-    key's second run: binding a 6-layer BERT took ~1.8 ms, paid for nothing by a sequence
-    length a service sends once). ``key``: :func:`bound_key` of this run, where the caller
+    earlier run made them, else the kernels' calls, binding them after the run from the
+    key's BIND_AT_RUN-th run on. ``key``: :func:`bound_key` of this run, where the caller
     made it already."""
     calls = _calls(arena, plan)
     if plan.host_args:
@@ -96,7 +95,7 @@ def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict, key: tuple | No
     if bound is not None:
         run(bound, env, arena.buffer)
         return
-    if key not in arena.ran:  # bound from its second run: a shape met once never pays it
+    if arena.ran.get(key, 0) < BIND_AT_RUN - 1:  # a shape met once or twice never binds
         _run_unbound(run, calls, env, arena, key)
         return
     run(calls, env, arena.buffer)
@@ -107,16 +106,17 @@ def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict, key: tuple | No
 
 
 def _run_unbound(run, calls: list, env: dict, arena: Arena, key) -> None:
-    """The kernels' calls, ``key`` noted as run; the arena's first run records no replays
-    either, unless the process's arenas mostly come back (``ops/compiled/replay.py``: a
-    shape a service sends once never replays)."""
-    if arena.ran:
-        if len(arena.ran) == 1:  # its second run: its size came back
+    """The kernels' calls, counted as a run under ``key``; the arena's first run records no
+    replays either, unless the process's arenas mostly come back (``ops/compiled/replay.py``:
+    a shape a service sends once never replays), and its second tells the estimate so."""
+    runs = sum(arena.ran.values())
+    if runs:
+        if runs == 1:  # its second run, whatever its key: its size came back
             replay.arena_returned()
         run(calls, env, arena.buffer)
     else:
         replay.first_run(run, calls, env, arena.buffer)
-    arena.ran.add(key)
+    arena.ran[key] = arena.ran.get(key, 0) + 1
 
 
 def run_bound(bound: list, env: dict, buffer) -> None:
@@ -148,6 +148,13 @@ def feeds_in_order(plan: ExecutionPlan, env: dict) -> bool:
 
 # bound calls on (MIXRT_BIND=0: every run calls the kernels, to compare or to bisect)
 BIND = os.environ.get("MIXRT_BIND", "1") != "0"
+# the run of an arena, under one key, that binds its calls. Binding costs a 2-layer
+# DistilBERT ~0.4 ms, a ShuffleNetV2 ~1.4 ms, and saves ~0.2 and ~0.35 ms a run against
+# replays (2026-12-05), so it pays from a shape's fourth run or so. Bound in its second
+# run, a shape a service sends twice (a fifth of a new-shape stream's requests) paid for it
+# and never ran bound; that run now replays instead, where the first recorded
+# (replay.first_run)
+BIND_AT_RUN = 3
 MAX_BINDINGS = 4  # bound call lists an arena keeps (per tier, thread, pool and scratch)
 
 

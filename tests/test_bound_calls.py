@@ -378,11 +378,12 @@ def test_a_product_binds_on_a_feed_as_its_activation_only(unbound):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], [weight])
     model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
     session = mixrt.Session(model)
-    for seed in range(5):
+    contiguous = 1 + run_loop.BIND_AT_RUN  # its runs until bound, then one bound
+    for seed in range(2 * contiguous):
         feeds = {"x": rng.standard_normal((4, 32)).astype(np.float32),
                  "v": rng.standard_normal((48, 16)).astype(np.float32)}
-        if seed >= 3:  # a strided feed: the other bound list (from its second run), the
-            # kernel's route
+        if seed >= contiguous:  # a strided feed: the other bound list (bound in its
+            # BIND_AT_RUN-th run), the kernel's route
             wide = rng.standard_normal((4, 64)).astype(np.float32)
             feeds["x"] = wide[:, ::2]
         expected = unbound(session, feeds)
@@ -472,8 +473,8 @@ def test_a_segment_places_a_result_that_is_not_its_view(unbound):
     stay the kernels'."""
     session = mixrt.Session(_attention_block())
     expected = unbound(session, _feeds(2))
-    session.run(None, _feeds(2))
-    session.run(None, _feeds(2))  # an arena binds its calls at its second run
+    for _ in range(run_loop.BIND_AT_RUN):  # an arena binds its calls in its BIND_AT_RUN-th
+        session.run(None, _feeds(2))
     plan = session._last_plan[1]
     segment = max((call[4][1] for arena in plan.pool for calls in arena.bound.values()
                    for call in calls if call[4] is not None and call[4][0] == run_loop.SEGMENT),

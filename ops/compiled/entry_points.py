@@ -15,7 +15,7 @@ array cold (the native pool's block, its first argument, up to 67): a run that p
 its calls afresh (a new length's first sights: GPT-2's three heavy elementwise passes a
 run, ~120 us of its ~2.4 ms, 2026-12-05) paid more for it than the dispatcher it skips.
 The entries are kept by what fixes an argument's numba type (an array's dtype, rank,
-layout, flags; a Python scalar's class), read in well under a microsecond.
+layout, flags; a Python or NumPy scalar's class), read in well under a microsecond.
 """
 
 from __future__ import annotations
@@ -62,9 +62,12 @@ def _kind(argument):
         return (argument.dtype, argument.ndim, layout, flags.writeable, flags.aligned)
     if cls is int:
         return int if argument in _INT64 else None
-    if cls is float or cls is bool:
-        return cls
+    if cls is float or cls is bool or cls in _NUMPY_SCALARS:
+        return cls  # a NumPy scalar's numba type is its dtype's (a bias or limit of float32)
     return None
+
+
+_NUMPY_SCALARS = frozenset((np.float32, np.float64, np.int32, np.int64, np.bool_))
 
 
 def _typed_entry(kernel, arguments: tuple):

@@ -33,10 +33,12 @@ An arena's first run of its plan records only where the process's arenas come ba
 (:func:`first_run`): a replay pays only from the same arena's next run, which a service's
 new shape, sent once, never has, and recording was ~11 us a node then, cold (a GPT-2's 50
 at each new length, ~0.6 ms of ~12), plus the objects the collector then walked. Where
-few come back, a plan run again records in its second run, whose calls are bound after it
-(``runtime/run_loop.py``) from what it recorded; where most do (a service whose lengths
-recur), its second run would take the full route again instead of the replay, so the
-first records as before.
+few come back, a plan run again records in its second run, and its calls are bound later
+(``runtime/run_loop.py``, BIND_AT_RUN) from what it recorded; where most do (a service
+whose lengths recur), its second run would take the full route again instead of the
+replay, so the first records as before. The estimate counts an arena's second run; until
+2026-12-05 it did so only where that run's thread or tier differed from its first, so a
+service's first runs never recorded.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def test_bound_scaler_gives_the_kernels_values_run_after_run(tmp_path, offset, s
     session = _scaler_session(tmp_path, offset, scale)
     session.wait_compiled()
     rng = np.random.default_rng(5)
-    for rows in (1, 1, 3, 3, 3):
+    for rows in [1] * run_loop.BIND_AT_RUN + [3] * (run_loop.BIND_AT_RUN + 1):
         x = rng.normal(size=(rows, 4)).astype(np.float32)
         (y,) = session.run(None, {"x": x})
         expected = (2 * x - np.float32(offset)) * np.float32(scale) * np.float32(3)
@@ -111,7 +111,7 @@ def test_a_bound_call_reading_a_feed_is_taken_only_for_feeds_in_c_order(tmp_path
     session.wait_compiled()
     rng = np.random.default_rng(7)
     offset, scale = np.float32([0.5, -1.0, 2.0, 0.0]), np.float32([2.0, 0.5, -1.0, 3.0])
-    for run in range(8):
+    for run in range(4 * (run_loop.BIND_AT_RUN + 1)):  # each layout bound, then run bound
         wide = rng.normal(size=(3, 8)).astype(np.float32)
         x = wide[:, ::2] if run % 3 == 2 else np.ascontiguousarray(wide[:, :4])
         (y,) = session.run(None, {"x": x})

@@ -152,6 +152,34 @@ def test_where_arenas_come_back_a_first_run_records(monkeypatch):
     assert replay.KEY not in prepacked
 
 
+def test_a_size_run_again_counts_as_come_back_and_binds_only_at_its_bind_run(monkeypatch):
+    """On the compiled tier, a size's second run (same thread, tier and pool as its first)
+    tells the estimate that its arena came back, so that sizes sent twice each soon make
+    first runs record; and its calls are bound in its BIND_AT_RUN-th run, not before (a
+    shape a service sends twice pays no binding). (With bound calls on, as a service runs:
+    the tests above spy on replays without them.)"""
+    monkeypatch.setattr(replay, "_returns", [0.0])
+    session = Session(_model(*CASES["direct"], size=None), opt_level=2)
+    session.run(None, {"x": RNG.standard_normal((1, 16, 18, 18)).astype(np.float32)})
+    session.wait_compiled()
+    returns = []
+    for size in range(20, 52, 2):
+        x = RNG.standard_normal((1, 16, size, size)).astype(np.float32)
+        session.run(None, {"x": x})
+        session.run(None, {"x": x})
+        returns.append(replay._returns[0])
+        plan = list(session._steady_runs.values())[-1].plan  # the lane of this size
+        assert not any(arena.bound for arena in plan.pool)  # twice: nothing bound
+    assert returns[-1] >= replay.RECORD_FROM_SHARE and returns == sorted(returns)
+    for _ in range(2 * run_loop.BIND_AT_RUN):  # a run's thread is the gate's: keys may alternate
+        if any(arena.bound for arena in plan.pool):
+            break
+        session.run(None, {"x": x})
+    arena = next(arena for arena in plan.pool if arena.bound)
+    (key,) = arena.bound
+    assert arena.ran[key] == run_loop.BIND_AT_RUN - 1  # bound in its BIND_AT_RUN-th run
+
+
 def test_a_replay_lapses_when_the_scratch_of_its_thread_grows():
     model = _model(*CASES["direct"])
     session, plain = Session(model, opt_level=2), Session(model, opt_level=0)
