@@ -9,6 +9,7 @@ import math
 import os
 import threading
 from collections import ChainMap
+from functools import partial
 
 import numpy as np
 
@@ -110,12 +111,9 @@ def _run_unbound(run, calls: list, env: dict, arena: Arena, key) -> None:
     replays either, unless the process's arenas mostly come back (``ops/compiled/replay.py``:
     a shape a service sends once never replays), and its second tells the estimate so."""
     runs = sum(arena.ran.values())
-    if runs:
-        if runs == 1:  # its second run, whatever its key: its size came back
-            replay.arena_returned()
-        run(calls, env, arena.buffer)
-    else:
-        replay.first_run(run, calls, env, arena.buffer)
+    if runs == 1:  # its second run, whatever its key: its size came back
+        replay.arena_returned()
+    (run if runs else partial(replay.first_run, run))(calls, env, arena.buffer)
     arena.ran[key] = arena.ran.get(key, 0) + 1
 
 
@@ -148,12 +146,8 @@ def feeds_in_order(plan: ExecutionPlan, env: dict) -> bool:
 
 # bound calls on (MIXRT_BIND=0: every run calls the kernels, to compare or to bisect)
 BIND = os.environ.get("MIXRT_BIND", "1") != "0"
-# the run of an arena, under one key, that binds its calls. Binding costs a 2-layer
-# DistilBERT ~0.4 ms, a ShuffleNetV2 ~1.4 ms, and saves ~0.2 and ~0.35 ms a run against
-# replays (2026-12-05), so it pays from a shape's fourth run or so. Bound in its second
-# run, a shape a service sends twice (a fifth of a new-shape stream's requests) paid for it
-# and never ran bound; that run now replays instead, where the first recorded
-# (replay.first_run)
+# an arena's run under one key that binds its calls (a DistilBERT's binding ~0.4 ms, saving
+# ~0.2 a run: bound in the second, a shape sent twice paid for nothing; docs/execution.md)
 BIND_AT_RUN = 3
 MAX_BINDINGS = 4  # bound call lists an arena keeps (per tier, thread, pool and scratch)
 

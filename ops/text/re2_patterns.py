@@ -59,6 +59,7 @@ class Re2Pattern:
         self.matches_empty = tree is None or tree.getwidth()[0] == 0
         # matches the same text wherever that text stands (no anchor, no boundary)
         self.context_free = tree is not None and not _has_assertion(tree)
+        self._runs = _run_table(self.regex)  # (:meth:`runs_of`)
 
     def search(self, text, start: int = 0) -> tuple[int, int] | None:
         """(start, end) of the leftmost-longest match at or after character ``start`` of
@@ -86,6 +87,22 @@ class Re2Pattern:
         if self.regex.__class__ is re.Pattern and not self.regex.groups:
             return self.regex.findall
         return lambda text: [text[begin:end] for begin, end in self.spans(text)]
+
+    def runs_of(self, texts: list) -> list[list[str]] | None:
+        """Each text's matches (:meth:`token_finder`'s) where the pattern is one class of
+        characters repeated (``[a-zA-Z0-9_]+``, ``\\w+``: its matches are the text's
+        longest runs of that class) and the texts are ASCII: the texts joined, every
+        character outside the class made a space and the runs split off in C, ~0.26 us a
+        short text against ~0.63 through ``re`` (539 documents, 2026-12-05). None
+        otherwise, or where a text holds the NUL that joins them."""
+        table = self._runs
+        if table is None or not texts:
+            return None
+        joined = _JOIN.join(texts)
+        if not joined.isascii():
+            return None
+        parts = joined.translate(table).split(_JOIN)
+        return list(map(str.split, parts)) if len(parts) == len(texts) else None
 
     def fullmatch(self, text: str) -> bool:
         return self.regex.fullmatch(text) is not None
@@ -174,12 +191,12 @@ def _spaces_for_re(found) -> str:
                   else escape.group(), text)
 
 
-def _python_tree(pattern: str):
+def _python_tree(pattern: str, flags: int = 0):
     """``re``'s parse of the pattern, or None where ``re`` reads it otherwise or not at all."""
     try:
         with warnings.catch_warnings():  # ("possible nested set": RE2's [[:alpha:]])
             warnings.simplefilter("ignore")
-            return sre_parse.parse(pattern)
+            return sre_parse.parse(pattern, flags)
     except (re.error, RecursionError, OverflowError):
         return None
 
@@ -196,6 +213,31 @@ def _has_assertion(tree) -> bool:
                    for s in subtrees):
                 return True
     return False
+
+
+_JOIN = "\x00"  # what joins the texts :meth:`Re2Pattern.runs_of` splits in one go
+# the ASCII whitespace str.split() splits at: a class holding any of it has no runs table
+_SPLIT_AT = frozenset(" \t\n\x0b\x0c\r\x1c\x1d\x1e\x1f")
+
+
+def _run_table(regex) -> dict | None:
+    """``str.translate``'s table that makes every ASCII character a space but those of the
+    one class ``regex`` repeats (its tree one repeat, at least once and without end, of one
+    character of width one) and the NUL that joins texts; None for any other pattern, and
+    for a class holding whitespace or the NUL."""
+    if regex.__class__ is not re.Pattern:
+        return None
+    tree = _python_tree(regex.pattern, regex.flags)
+    if tree is None or len(tree) != 1 or tree[0][0] is not sre_parse.MAX_REPEAT:
+        return None
+    low, high, inner = tree[0][1]
+    if low != 1 or high is not sre_parse.MAXREPEAT or inner.getwidth() != (1, 1) \
+            or _has_assertion(inner):
+        return None
+    members = {chr(code) for code in range(128) if regex.fullmatch(chr(code))}
+    if members & _SPLIT_AT or _JOIN in members:
+        return None
+    return {code: " " for code in range(128) if chr(code) not in members | {_JOIN}}
 
 
 @functools.lru_cache(maxsize=256)

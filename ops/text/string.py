@@ -230,6 +230,8 @@ class _TfIdf:
 
     def run(self, xp, X):
         data = to_host(X)
+        if data.ndim > 1 and data.shape[0] == 0:
+            raise ValueError(NO_ROWS)
         rows = data.reshape(1, -1) if data.ndim <= 1 else data.reshape(data.shape[0], -1)
         if self.unigrams is not None and len(rows) >= ARRAY_ROWS:
             out = self._unigram_rows(rows)
@@ -281,14 +283,22 @@ class _TfIdf:
         C (``map`` of the table's ``get``), the counts one ``bincount`` over (row, entry),
         then weighted and written as whole columns. The same float32 products: a count
         times a float32 weight, plus zero. 64 documents of 11 tokens: 257 -> ~60 us."""
-        count, entries = rows.shape[0], len(self.index)
-        items = rows.ravel().tolist()
+        count = rows.shape[0]
+        owner = np.repeat(np.arange(count, dtype=np.int64), rows.shape[1])
+        return self.unigram_counts(rows.ravel().tolist(), owner, count)
+
+    def unigram_counts(self, items: list, owner: np.ndarray, count: int, extra=None):
+        """The output of ``count`` rows whose single items are ``items``, item i in row
+        ``owner[i]``; ``extra``: (pool entry, the times each row holds it besides), where a
+        caller knows those counts without the items (a tokenizer's padding)."""
+        entries = len(self.index)
         found = np.fromiter(map(self.unigrams.get, items, itertools.repeat(-1, len(items))),
                             np.int64, len(items))
-        owner = np.repeat(np.arange(count, dtype=np.int64), rows.shape[1])
         hits = found >= 0
         counts = np.bincount(owner[hits] * entries + found[hits],
                              minlength=count * entries).reshape(count, entries)
+        if extra is not None:
+            counts[:, extra[0]] += extra[1]
         counts = counts.astype(np.float32)
         if self.mode == "IDF":
             counts = np.minimum(counts, 1) * self.scale
@@ -303,8 +313,15 @@ class _TfIdf:
 @binds(tfidf_vectorizer.fn, feeds=True, fresh=True, any_inputs=True)
 def bind_tfidf_vectorizer(args, out, attributes):
     """The node's table over each run's items as given (bound_calls)."""
+    return bound_counts(_TfIdf, args, out, attributes)
+
+
+def bound_counts(kind, args, out, attributes):
+    """A counting node's bound call (its model of class ``kind`` run on each run's input as
+    given), made anew where its output has no view, else written into it; None where the
+    node has no such model or its view is not the float32 rows it makes."""
     model = (attributes.get("_node") or {}).get("model")
-    if not isinstance(model, _TfIdf) or not isinstance(args[0], np.ndarray):
+    if not isinstance(model, kind) or not isinstance(args[0], np.ndarray):
         return None
     run = model.run
     if out is None:  # a graph output: made anew, as the kernel makes it
@@ -314,6 +331,8 @@ def bind_tfidf_vectorizer(args, out, attributes):
     return lambda X: into(out, run(np, X))  # the output's view, as the kernel writes it
 
 
+# onnxruntime's refusal of a batch of no rows, which has no rows to count into
+NO_ROWS = "TfIdfVectorizer's input must be [C] or [B, C] with B > 0 (got no rows)"
 # a row finding at most this many pool entries writes them one by one (~70 ns each)
 # instead of through five array operations (~2 us whatever the count)
 SCALAR_WRITES = 24

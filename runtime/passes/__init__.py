@@ -8,8 +8,9 @@ Optimization levels (``Session(opt_level=...)``, ``mixrt compile --opt-level``):
   Reshape/Expand/Transpose/Cast and Mul/Div by ones, nodes that repeat an earlier one's
   work merged into it (``merge_duplicates``), dead nodes and unused initializers, a
   classifier's ArgMax -> ArrayFeatureExtractor -> Reshape -> Cast labels as one lookup
-  (``class_labels``), and a TF-mode TfIdfVectorizer's constant column weights folded into it
-  (``tfidf_weights``);
+  (``class_labels``), a TF-mode TfIdfVectorizer's constant column weights folded into it
+  (``tfidf_weights``), and a Tokenizer whose tokens only a TfIdfVectorizer counts made
+  one node with it (``fuse_token_counts``);
 * 2 - level 1, then rewrites that may change rounding: Conv+BatchNormalization (and
   per-channel Mul/Add) folded into the weights, remaining BatchNormalizations as
   ``x * s + t``, runs of constant affine ops collapsed, Conv taps that only ever read
@@ -46,6 +47,7 @@ from mixrt.runtime.passes.fuse_rms_norm import fuse_rms_norms
 from mixrt.runtime.passes.fuse_rotary import fuse_rotary
 from mixrt.runtime.passes.fuse_scan_distances import fuse_scan_distances
 from mixrt.runtime.passes.fuse_squeeze_excite import fuse_squeeze_excites
+from mixrt.runtime.passes.fuse_token_counts import fuse_token_counts
 from mixrt.runtime.passes.half_regions import compute_half_in_float
 from mixrt.runtime.passes.tfidf_weights import fold_tfidf_weights
 from mixrt.runtime.passes.transposed_operands import scale_before_transpose
@@ -91,6 +93,7 @@ def _exact_passes(graph: Graph, stats: dict) -> None:
             break
     _run(stats, "class_labels", fold_class_labels, graph, ir_version)
     _run(stats, "tfidf_weights", fold_tfidf_weights, graph, ir_version)
+    _run(stats, "token_counts", fuse_token_counts, graph, ir_version)
     _run(stats, "unused_initializers", prune_initializers, graph, ir_version)
 
 
