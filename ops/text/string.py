@@ -55,6 +55,11 @@ class _Normalizing:
         self.change = _CASE_CHANGES[case_change_action]
 
     def __call__(self, X):
+        words, shape = self.words(X)
+        return object_strings(words, shape)
+
+    def words(self, X) -> tuple[list, tuple]:
+        """The output's strings, as a list, and its shape."""
         if X.ndim == 2 and X.shape[0] != 1 or X.ndim > 2:
             raise ValueError(f"StringNormalizer takes a [C] or [1, C] tensor, got shape "
                              f"{X.shape}")
@@ -66,7 +71,7 @@ class _Normalizing:
             words = list(map(self.change, words))  # (in C: a TF-IDF pipeline's batch is 1 row)
         if not words:  # everything dropped: one empty string, keeping the input's rank
             words = [""]
-        return object_strings(words, (len(words),) if X.ndim == 1 else (1, len(words)))
+        return words, (len(words),) if X.ndim == 1 else (1, len(words))
 
 
 @binds(string_normalizer.fn, feeds=True, fresh=True, silent=True, any_inputs=True)

@@ -1,6 +1,7 @@
 """A Tokenizer whose tokens only a TfIdfVectorizer counts, as one ``mixrt::TokenCounts`` node
 (the op, and why: ``ops/text/token_counts.py``)::
 
+    texts = StringNormalizer(raw)                  case change only; or raw texts
     tokens = com.microsoft::Tokenizer(texts)       no marks
     flat = Flatten(tokens)                         axis 1; or the vectorizer reads tokens
     counts = TfIdfVectorizer(flat)                 single items, each its own column
@@ -15,7 +16,7 @@ exact passes (after ``tfidf_weights``, which may give the vectorizer its weights
 from __future__ import annotations
 
 from mixrt.ops.text.contrib_text import MICROSOFT, _cutter_for
-from mixrt.ops.text.string import _TfIdf
+from mixrt.ops.text.string import _CASE_CHANGES, _TfIdf
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import PatternMatch, fuse_into_mixrt, kernel_for, remove_nodes
@@ -51,18 +52,35 @@ class _Match(PatternMatch):
                 or len(producer.outputs) != 1 or not self._private(tokens) \
                 or not _cuts_without_marks(producer.attributes) or kernel_for(producer) is None:
             return None
-        self.tokenizer = producer
+        self.tokenizer, self.normalizer = producer, self._case_change(producer.inputs[0])
         return self
+
+    def _case_change(self, texts: str) -> Node | None:
+        """The StringNormalizer writing ``texts``, where it only changes case and only the
+        Tokenizer reads them."""
+        node = self.producers.get(texts)
+        if node is None or node.domain or node.op_type != "StringNormalizer" \
+                or len(node.outputs) != 1 or not self._private(texts) \
+                or node.attributes.get("stopwords") or kernel_for(node) is None:
+            return None
+        return node if node.attributes.get("case_change_action", "NONE") in _CASE_CHANGES \
+            else None
 
     def replace(self) -> None:
         cutting = {name: value for name, value in self.tokenizer.attributes.items()
                    if name in _TOKENIZER}
         counting = {name: value for name, value in self.vectorizer.attributes.items()
                     if name in _VECTORIZER}
-        fused = Node("TokenCounts", [self.tokenizer.inputs[0]], list(self.vectorizer.outputs),
+        taken, texts = [self.tokenizer], self.tokenizer.inputs[0]
+        if self.normalizer is not None:
+            counting["case_change_action"] = self.normalizer.attributes.get(
+                "case_change_action", "NONE")
+            taken.append(self.normalizer)
+            texts = self.normalizer.inputs[0]
+        fused = Node("TokenCounts", [texts], list(self.vectorizer.outputs),
                      self.tokenizer.name, MIXRT, 1, {**cutting, **counting})
         self.g.nodes[self.g.nodes.index(self.vectorizer)] = fused
-        remove_nodes(self.g, [self.tokenizer] + ([self.flatten] if self.flatten else []))
+        remove_nodes(self.g, taken + ([self.flatten] if self.flatten else []))
 
 
 def _counts_single_items(attributes: dict) -> bool:

@@ -135,3 +135,55 @@ def test_a_batch_of_no_texts_is_refused_as_onnxruntime_refuses_it(tmp_path):
     for session in (mixrt.Session(path), mixrt.Session(path, opt_level=0)):
         with pytest.raises(mixrt.errors.ExecutionError, match="B > 0"):
             session.run(None, {"text": np.array([], dtype=object)})
+
+
+def _normalized_model(tmp_path, case: str, stopwords=None, two_d=False) -> str:
+    """StringNormalizer -> Tokenizer -> Flatten -> TfIdfVectorizer, as skl2onnx writes a
+    lowercasing vectorizer, over texts [C] (or [1, C])."""
+    normalizer = dict(case_change_action=case, is_case_sensitive=0, locale="C")
+    if stopwords:
+        normalizer["stopwords"] = stopwords
+    graph = helper.make_graph(
+        [helper.make_node("StringNormalizer", ["text"], ["normal"], **normalizer),
+         helper.make_node("Tokenizer", ["normal"], ["tokens"], domain="com.microsoft",
+                          mark=0, mincharnum=1, pad_value="#", tokenexp="[a-zA-Z0-9_]+"),
+         helper.make_node("Flatten", ["tokens"], ["flat"], axis=1),
+         helper.make_node("TfIdfVectorizer", ["flat"], ["y"], mode="TF",
+                          min_gram_length=1, max_gram_length=1, max_skip_count=0,
+                          ngram_counts=[0], ngram_indexes=list(range(len(POOL))),
+                          pool_strings=POOL)],
+        "normalized", [helper.make_tensor_value_info(
+            "text", TensorProto.STRING, None if two_d is None else [1, None] if two_d
+            else [None])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    path = tmp_path / f"normalized_{case}.onnx"
+    path.write_bytes(model.SerializeToString())
+    return str(path)
+
+
+@pytest.mark.parametrize("two_d", [False, True], ids=["[C]", "[1, C]"])
+@pytest.mark.parametrize("case", ["LOWER", "UPPER", "NONE"])
+def test_a_case_change_before_the_tokenizer_is_taken_in(tmp_path, case, two_d):
+    path = _normalized_model(tmp_path, case, two_d=two_d)
+    fused, plain = mixrt.Session(path), mixrt.Session(path, opt_level=0)
+    assert _op_types(fused) == ["TokenCounts"]
+    reference = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    for count in (1, 3, 12, 0):  # no texts: the normalizer's one empty text, one row
+        text = np.array([t.title() for t in _texts(rng, count, False)], dtype=object)
+        text = text.reshape((1, count) if two_d else (count,))
+        (got,), (want,) = fused.run(None, {"text": text}), plain.run(None, {"text": text})
+        np.testing.assert_array_equal(got, want)
+        if count:
+            np.testing.assert_allclose(got, reference.run(None, {"text": text})[0])
+    any_rank = _normalized_model(tmp_path, case, two_d=None)  # the normalizer's own refusal
+    for session in (mixrt.Session(any_rank), mixrt.Session(any_rank, opt_level=0)):
+        with pytest.raises(mixrt.errors.MixrtError, match=r"\[C\] or \[1, C\]"):
+            session.run(None, {"text": np.array([["a"], ["b"]], dtype=object)})
+
+
+def test_a_normalizer_with_stopwords_stays_a_node_of_its_own(tmp_path):
+    path = _normalized_model(tmp_path, "LOWER", stopwords=["each"])
+    assert _op_types(mixrt.Session(path)) == ["StringNormalizer", "TokenCounts"]
