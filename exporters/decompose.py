@@ -17,6 +17,8 @@ unfolds again:
   as 0-d initializers
 * ``PairwiseSquaredDistances(X, R)`` -> Sub(Unsqueeze(X, 0), Unsqueeze(R, 1)) ->
   ReduceSumSquare over the features [-> Sqrt]: the kNN Scan's steps all at once
+* ``TokenCounts(X)``          -> [StringNormalizer (its case change)] -> com.microsoft::
+  Tokenizer (no marks) -> Flatten -> TfIdfVectorizer
 * ``MXReshape(X)``            -> Reshape(X, Concat of X's dims picked by Gather from Shape(X),
   multiplied (-3) or divided (-4 with -1) as its plan says, and its fixed sizes); where a
   moved, merged or split dimension could be 0 at run time, X first goes through a shape
@@ -38,6 +40,7 @@ from mixrt.base.errors import ExportError
 from mixrt.ops.conv.windows import CONV_ATTRIBUTES
 from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.nn.fused import ACTIVATIONS
+from mixrt.ops.text.contrib_text import MICROSOFT
 from mixrt.ops.attention.fused_attention import QUERY_PERM, input_perms
 from mixrt.ops.elementwise.fused_elementwise import Program
 from mixrt.ops.shape.shape_mxnet import COPY, DIVIDE, FIXED, INFER, MERGE, reshape_plan
@@ -425,6 +428,25 @@ def _pairwise_squared_distances(unfold: _Unfolder, node: Node) -> None:
         unfold.emit("Sqrt", [sums], node.outputs[0])
 
 
+def _token_counts(unfold: _Unfolder, node: Node) -> None:
+    a = node.attributes
+    texts = node.inputs[0]
+    normalizing = {name: a[name] for name in ("case_change_action", "locale") if name in a}
+    if normalizing:
+        texts = unfold.emit("StringNormalizer", [texts], **normalizing)
+    cutting = {name: a[name] for name in ("mincharnum", "pad_value", "separators",
+                                          "tokenexp", "tokenexpsplit") if name in a}
+    tokens = unfold.fresh(f"{node.outputs[0]}/tokens")
+    name = unfold.fresh(f"{node.name}/Tokenizer") if node.name else ""
+    unfold.emitted.append(Node("Tokenizer", [texts], [tokens], name, MICROSOFT, 1,
+                               {"mark": 0, **cutting}))
+    unfold.graph.opsets.setdefault(MICROSOFT, 1)
+    counting = {name: value for name, value in a.items()
+                if name not in cutting and name not in normalizing}
+    unfold.emit("TfIdfVectorizer", [unfold.emit("Flatten", [tokens], axis=1)],
+                node.outputs[0], **counting)
+
+
 def _unsqueezed(unfold: _Unfolder, x: str, axis: int) -> str:
     if unfold.opset >= 13:  # Unsqueeze takes its axes as an input from opset 13
         return unfold.emit("Unsqueeze", [x, unfold.ints([axis], "axes")])
@@ -442,4 +464,5 @@ _DECOMPOSITIONS = {
     "FusedElementwise": _fused_elementwise,
     "FusedRotary": _fused_rotary,
     "PairwiseSquaredDistances": _pairwise_squared_distances,
+    "TokenCounts": _token_counts,
 }

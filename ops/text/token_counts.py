@@ -22,7 +22,8 @@ skl2onnx writes it for ``lowercase=True``) is taken in as well: its ``case_chang
 
 Its attributes are the Tokenizer's (``mincharnum``, ``pad_value``, ``separators``,
 ``tokenexp``, ``tokenexpsplit``), the vectorizer's, and the normalizer's case change
-where it took one, as each node had them, so a ``.mxr`` file or an ONNX export carries it.
+and locale where it took one, as each node had them, so a ``.mxr`` file or an ONNX export
+(``exporters/decompose.py``) carries it.
 """
 
 from __future__ import annotations
@@ -46,11 +47,12 @@ from mixrt.ops.text.string import NO_ROWS, _Normalizing, _TfIdf, bound_counts
 def token_counts(xp, X, *, mincharnum=None, pad_value=None, separators=None, tokenexp=None,
                  tokenexpsplit=0, max_gram_length=None, max_skip_count=None,
                  min_gram_length=None, mode=None, ngram_counts=None, ngram_indexes=None,
-                 pool_strings=None, weights=None, case_change_action=None, _node=None,
-                 out=None):
+                 pool_strings=None, weights=None, case_change_action=None, locale=None,
+                 _node=None, out=None):
     """The vectorizer's output for X's texts ([C]: a row each; [N, C]: a row per N), cut
     as the Tokenizer cuts them (no marks); with ``case_change_action``, X's case changed
-    first, as a StringNormalizer without stopwords changes it (X then [C] or [1, C])."""
+    first, as a StringNormalizer without stopwords changes it (X then [C] or [1, C]; its
+    ``locale``, kept for an export, is read as the StringNormalizer reads it: not at all)."""
     return into(out, prepared(_node, lambda: _TokenCounts(
         _cutter_for(0, mincharnum, pad_value, separators, tokenexp, tokenexpsplit),
         runs_for(mincharnum, separators, tokenexp, tokenexpsplit), pad_value,

@@ -73,8 +73,10 @@ class _Match(PatternMatch):
                     if name in _VECTORIZER}
         taken, texts = [self.tokenizer], self.tokenizer.inputs[0]
         if self.normalizer is not None:
-            counting["case_change_action"] = self.normalizer.attributes.get(
-                "case_change_action", "NONE")
+            normalizing = self.normalizer.attributes
+            counting["case_change_action"] = normalizing.get("case_change_action", "NONE")
+            if normalizing.get("locale") is not None:  # (for an export: onnxruntime's default
+                counting["locale"] = normalizing["locale"]  # locale may not be installed)
             taken.append(self.normalizer)
             texts = self.normalizer.inputs[0]
         fused = Node("TokenCounts", [texts], list(self.vectorizer.outputs),

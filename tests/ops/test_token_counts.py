@@ -187,3 +187,22 @@ def test_a_case_change_before_the_tokenizer_is_taken_in(tmp_path, case, two_d):
 def test_a_normalizer_with_stopwords_stays_a_node_of_its_own(tmp_path):
     path = _normalized_model(tmp_path, "LOWER", stopwords=["each"])
     assert _op_types(mixrt.Session(path)) == ["StringNormalizer", "TokenCounts"]
+
+
+@pytest.mark.parametrize("case", [None, "LOWER"])
+def test_an_optimized_graph_exports_its_token_counts_as_the_standard_nodes(tmp_path, case):
+    """exporters/decompose.py writes the node back as [StringNormalizer ->] Tokenizer ->
+    Flatten -> TfIdfVectorizer, which onnxruntime runs to the same values."""
+    from mixrt.exporters.onnx import export_model
+
+    path = _model(tmp_path, flatten=False) if case is None else _normalized_model(tmp_path, case)
+    session = mixrt.Session(path)
+    assert _op_types(session) == ["TokenCounts"]
+    model = export_model(session.graph)
+    assert [n.op_type for n in model.graph.node] == (["StringNormalizer"] if case else []) + [
+        "Tokenizer", "Flatten", "TfIdfVectorizer"]
+    exported = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"])
+    text = _texts(np.random.default_rng(11), 9, False)
+    np.testing.assert_allclose(exported.run(None, {"text": text})[0],
+                               session.run(None, {"text": text})[0], rtol=1e-6)
