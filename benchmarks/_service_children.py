@@ -179,12 +179,13 @@ def new_shape(call, feeds, new_feeds, n):
 
 
 def sizes_again(call, feeds, new_feeds, n):
-    """The new-shape regime's shapes, each run twice (untimed, 10 ms apart) before its
-    timed request 10 ms later: the runtime's speed at those shapes once it has met them."""
+    """The new-shape regime's shapes, each run three times (untimed, 10 ms apart) before
+    its timed request 10 ms later: the runtime's speed at those shapes once it has met them
+    (mixrt binds a shape's calls in its third run, ``runtime/run_loop.BIND_AT_RUN``)."""
     times = []
     for index in range(n):
         shaped = new_feeds(index)
-        for _ in range(3):  # the last one timed
+        for _ in range(4):  # the last one timed
             time.sleep(0.010)
             took = call(shaped)
         times.append(took)

@@ -13,8 +13,8 @@ import math
 REGIMES = ("hot", "paced-1ms", "paced-10ms", "paced-100ms", "interleaved", "busy-neighbour",
            "new-shape")
 # measured beside the regimes, outside the targets: the new-shape regime's shapes again,
-# each run twice before the timed request, so that new-shape / sizes-again is what a shape's
-# first sight costs, and sizes-again's ratio the kernels' speed at those shapes
+# each run three times before the timed request, so that new-shape / sizes-again is what a
+# shape's first sight costs, and sizes-again's ratio the kernels' speed at those shapes
 DIAGNOSTIC = ("sizes-again",)
 RUNTIMES = ("mixrt", "onnxruntime")
 # the issue's targets, mixrt / onnxruntime per regime: the geometric mean of the models'
@@ -253,7 +253,7 @@ def first_sight_table(models: list[dict]) -> str:
     """The new-shape regime taken apart: what each runtime's first sight of a shape costs
     over the same shape met before (p50 over p50), and mixrt / onnxruntime at those shapes
     met before, the kernels' own speed there. The new-shape ratio is about their product."""
-    lines = ["**new-shape, taken apart** (sizes-again: the same shapes, each run twice "
+    lines = ["**new-shape, taken apart** (sizes-again: the same shapes, each run three times "
              "before its timed request)", "",
              "| model | mixrt first sight / sizes again | onnxruntime first sight / sizes again "
              "| ratio sizes-again p50 | ratio new-shape p50 |", "|---|---:|---:|---:|---:|"]
@@ -358,20 +358,22 @@ def section(results: dict) -> str:
         f"{results.get('blocks', 1)} blocks a runtime alternating between them (the first "
         "of each pair alternating too), only one process working at a time, so that a "
         "drift of the host (here a process's Python and NumPy ran up to 2x slower for "
-        "stretches of tens of milliseconds and more, whichever runtime ran) lands on both; the parent only builds the models and orchestrates. "
+        "stretches of tens of milliseconds and more, whichever runtime ran) lands on both; "
+        "the parent only builds the models and orchestrates. "
         "onnxruntime: `CPUExecutionProvider`, "
         f"`intra_op_num_threads = {meta['cores']}` (the core count). mixrt: "
         "`mixrt.Session(path)`, the first run, then `wait_compiled(timeout=600)` before "
         "any block, and after each block (untimed: no compile runs beside the other "
         "runtime's next block), with a fresh `MIXRT_CACHE_DIR` and `NUMBA_CACHE_DIR` per "
-        "model (empty when its mixrt process starts; only that process and, after it, the agreement "
-        "check use them). Only the `run` call is timed. Regimes: *hot* back to back at one "
-        "shape; *paced-N* one request every N ms (start to start); *interleaved* ~0.3 ms of "
-        "NumPy sorting and Python between calls; *busy-neighbour* requests every 10 ms while "
+        "model (empty when its mixrt process starts; only that process and, after it, the "
+        "agreement check use them). Only the `run` call is timed. Regimes: *hot* back to "
+        "back at one shape; *paced-N* one request every N ms (start to start); "
+        "*interleaved* ~0.3 ms of NumPy sorting and Python between calls; *busy-neighbour* "
+        "requests every 10 ms while "
         "another process spins on one core; *new-shape* a new random shape on every request, "
         "every 10 ms, the same shapes in the same order for both runtimes; *sizes-again* "
-        "(outside the targets) the same shapes again, each run twice 10 ms apart before its "
-        "timed request 10 ms later. N: requests per "
+        "(outside the targets) the same shapes again, each run three times 10 ms apart before "
+        "its timed request 10 ms later. N: requests per "
         f"regime, {_counts(results)}. "
         "Ratios are mixrt / onnxruntime (lower is better); a regime's p50 ratio is the median "
         "of its paired blocks' p50 ratios (a slow stretch of the host that catches more "
