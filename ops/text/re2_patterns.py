@@ -228,10 +228,10 @@ def _run_table(regex) -> dict | None:
     if regex.__class__ is not re.Pattern:
         return None
     tree = _python_tree(regex.pattern, regex.flags)
-    if tree is None or len(tree) != 1 or tree[0][0] is not sre_parse.MAX_REPEAT:
+    if tree is None or len(tree) != 1 or tree[0][0] != sre_parse.MAX_REPEAT:
         return None
     low, high, inner = tree[0][1]
-    if low != 1 or high is not sre_parse.MAXREPEAT or inner.getwidth() != (1, 1) \
+    if low != 1 or high != sre_parse.MAXREPEAT or inner.getwidth() != (1, 1) \
             or _has_assertion(inner):
         return None
     members = {chr(code) for code in range(128) if regex.fullmatch(chr(code))}

@@ -87,7 +87,7 @@ class _TokenCounts:
             raise ValueError(NO_ROWS)
         tokens = cut_texts(self.cut, self.runs, texts)  # as the Tokenizer cuts them
         lengths = list(map(len, tokens))
-        per_row = len(texts) // count if count else 0  # a row's texts
+        per_row = len(texts) // count  # a row's texts
         longest = max(lengths, default=0)  # the Tokenizer pads every text to it
         if count < ALL_ROWS_FROM:
             return xp.asarray(self._few_rows(tokens, lengths, count, per_row, longest))
