@@ -41,6 +41,7 @@ from mixrt.ops.conv.windows import CONV_ATTRIBUTES
 from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.nn.fused import ACTIVATIONS
 from mixrt.ops.text.contrib_text import MICROSOFT
+from mixrt.ops.text.token_counts import COUNTING, CUTTING, NORMALIZING
 from mixrt.ops.attention.fused_attention import QUERY_PERM, input_perms
 from mixrt.ops.elementwise.fused_elementwise import Program
 from mixrt.ops.shape.shape_mxnet import COPY, DIVIDE, FIXED, INFER, MERGE, reshape_plan
@@ -431,18 +432,16 @@ def _pairwise_squared_distances(unfold: _Unfolder, node: Node) -> None:
 def _token_counts(unfold: _Unfolder, node: Node) -> None:
     a = node.attributes
     texts = node.inputs[0]
-    normalizing = {name: a[name] for name in ("case_change_action", "locale") if name in a}
+    normalizing = {name: a[name] for name in NORMALIZING if name in a}
     if normalizing:
         texts = unfold.emit("StringNormalizer", [texts], **normalizing)
-    cutting = {name: a[name] for name in ("mincharnum", "pad_value", "separators",
-                                          "tokenexp", "tokenexpsplit") if name in a}
+    cutting = {name: a[name] for name in CUTTING if name in a}
     tokens = unfold.fresh(f"{node.outputs[0]}/tokens")
     name = unfold.fresh(f"{node.name}/Tokenizer") if node.name else ""
     unfold.emitted.append(Node("Tokenizer", [texts], [tokens], name, MICROSOFT, 1,
                                {"mark": 0, **cutting}))
     unfold.graph.opsets.setdefault(MICROSOFT, 1)
-    counting = {name: value for name, value in a.items()
-                if name not in cutting and name not in normalizing}
+    counting = {name: a[name] for name in COUNTING if name in a}
     unfold.emit("TfIdfVectorizer", [unfold.emit("Flatten", [tokens], axis=1)],
                 node.outputs[0], **counting)
 

@@ -43,6 +43,13 @@ from mixrt.ops.text.contrib_text import _check_rank, _cutter_for, cut_texts, run
 from mixrt.ops.text.string import NO_ROWS, _Normalizing, _TfIdf, bound_counts
 
 
+# the node's attributes by the node each came from (the fusion and an export read them)
+CUTTING = ("mincharnum", "pad_value", "separators", "tokenexp", "tokenexpsplit")
+COUNTING = ("max_gram_length", "max_skip_count", "min_gram_length", "mode", "ngram_counts",
+            "ngram_indexes", "pool_strings", "weights")
+NORMALIZING = ("case_change_action", "locale")
+
+
 @op("TokenCounts", since=1, domain=MIXRT, dtypes=STRING)
 def token_counts(xp, X, *, mincharnum=None, pad_value=None, separators=None, tokenexp=None,
                  tokenexpsplit=0, max_gram_length=None, max_skip_count=None,

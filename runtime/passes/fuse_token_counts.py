@@ -15,21 +15,18 @@ exact passes (after ``tfidf_weights``, which may give the vectorizer its weights
 
 from __future__ import annotations
 
+from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.text.contrib_text import MICROSOFT, _cutter_for
 from mixrt.ops.text.string import _CASE_CHANGES, _TfIdf
+from mixrt.ops.text.token_counts import COUNTING, CUTTING
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import PatternMatch, fuse_into_mixrt, kernel_for, remove_nodes
-from mixrt.ops.ir.registry import MIXRT
-
-_TOKENIZER = ("mincharnum", "pad_value", "separators", "tokenexp", "tokenexpsplit")
-_VECTORIZER = ("max_gram_length", "max_skip_count", "min_gram_length", "mode", "ngram_counts",
-               "ngram_indexes", "pool_strings", "weights")
 
 
 def fuse_token_counts(graph: Graph, ir_version: int | None) -> int:
-    """Replace each Tokenizer -> [Flatten] -> TfIdfVectorizer chain by one node; returns
-    how many."""
+    """Replace each [StringNormalizer ->] Tokenizer -> [Flatten ->] TfIdfVectorizer chain by
+    one node; returns how many."""
     return fuse_into_mixrt(graph, ir_version, infer_types(graph), "TfIdfVectorizer", _Match)
 
 
@@ -68,9 +65,9 @@ class _Match(PatternMatch):
 
     def replace(self) -> None:
         cutting = {name: value for name, value in self.tokenizer.attributes.items()
-                   if name in _TOKENIZER}
+                   if name in CUTTING}
         counting = {name: value for name, value in self.vectorizer.attributes.items()
-                    if name in _VECTORIZER}
+                    if name in COUNTING}
         taken, texts = [self.tokenizer], self.tokenizer.inputs[0]
         if self.normalizer is not None:
             normalizing = self.normalizer.attributes
@@ -88,11 +85,11 @@ class _Match(PatternMatch):
 def _counts_single_items(attributes: dict) -> bool:
     """Strings counted one at a time, each pool entry into a column of its own, with finite
     weights (``_TfIdf.unigrams``); attributes the fused op carries, and no others."""
-    if attributes.get("pool_strings") is None or set(attributes) - set(_VECTORIZER):
+    if attributes.get("pool_strings") is None or set(attributes) - set(COUNTING):
         return False
     try:
         vectorizer = _TfIdf(pool_int64s=None, **{name: attributes.get(name)
-                                                  for name in _VECTORIZER})
+                                                  for name in COUNTING})
     except (ValueError, TypeError):
         return False
     return vectorizer.unigrams is not None
@@ -100,10 +97,10 @@ def _counts_single_items(attributes: dict) -> bool:
 
 def _cuts_without_marks(attributes: dict) -> bool:
     """A valid cutter that puts no marks around a text's tokens."""
-    if int(attributes.get("mark", 1)) != 0 or set(attributes) - set(_TOKENIZER) - {"mark"}:
+    if int(attributes.get("mark", 1)) != 0 or set(attributes) - set(CUTTING) - {"mark"}:
         return False
     try:
-        _cutter_for(0, *(attributes.get(name) for name in _TOKENIZER[:4]),
+        _cutter_for(0, *(attributes.get(name) for name in CUTTING[:4]),
                     attributes.get("tokenexpsplit", 0))
     except (ValueError, TypeError):
         return False
