@@ -9,7 +9,6 @@ import math
 import os
 import threading
 from collections import ChainMap
-from functools import partial
 
 import numpy as np
 
@@ -107,13 +106,15 @@ def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict, key: tuple | No
 
 
 def _run_unbound(run, calls: list, env: dict, arena: Arena, key) -> None:
-    """The kernels' calls, counted as a run under ``key``; the arena's first run records no
-    replays either, unless the process's arenas mostly come back (``ops/compiled/replay.py``:
-    a shape a service sends once never replays), and its second tells the estimate so."""
+    """The kernels' calls, counted as a run under ``key``; the arena's first run records only
+    where arenas mostly come back (``ops/compiled/replay.py``), and its second says it did."""
     runs = sum(arena.ran.values())
     if runs == 1:  # its second run, whatever its key: its size came back
         replay.arena_returned()
-    (run if runs else partial(replay.first_run, run))(calls, env, arena.buffer)
+    if runs:
+        run(calls, env, arena.buffer)
+    else:
+        replay.first_run(run, calls, env, arena.buffer)
     arena.ran[key] = arena.ran.get(key, 0) + 1
 
 
