@@ -32,6 +32,7 @@ import numpy as np
 from mixrt.ops.compiled import image_routes, jit_cpu, replay
 from mixrt.ops.compiled.entry_points import fixed_call
 from mixrt.ops.compiled.parallel import parallel_for, thread_parts
+from mixrt.ops.conv import tap_sizes
 from mixrt.ops.conv.direct_forms import POINTWISE_POSITIONS, STRIP, limits_array
 from mixrt.ops.conv.direct_layout import (_row_parts, _strip_parts, band_bounds,
                                           empty_operands, layout, splits_rows, strip_runs)
@@ -77,7 +78,8 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
         return out
     kernel, strides, dilations, _, begin, end, out_dims = geometry
     native = _native_pool()
-    kit = None if repack else _pointwise_kit(X, W, geometry, limits)
+    kit = None if repack else \
+        _pointwise_kit(X, W, geometry, limits) or tap_sizes.kit_at(X, W, geometry, limits)
     if kit is None or (native is None and kit.parts > 1):  # (Python's threads: the layout)
         plan = layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims,
                       constant=not repack)
@@ -90,6 +92,8 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
         if not repack and plan.in_place:  # the node's other image sizes start from it
             jit_cpu.scratch_kit(W, (_POINTWISE, X.dtype.str, limits),
                                 lambda: _PointwiseSizes(plan, kit))
+        elif not repack and plan.taps:
+            tap_sizes.keep(X, W, geometry, limits, plan, kit)
     call = _kit_call(kit, native, X.dtype.itemsize)
     replay.record(replays, (X, W, B, Z, out), call, silent=True)
     image_routes.stash(replays, out, call)  # any batch of this image size may take it

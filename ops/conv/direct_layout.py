@@ -187,21 +187,49 @@ class _Layout:
         return found
 
     def _placed(self, rows: int) -> np.ndarray:
-        """:meth:`places` of ``rows`` output rows, as sums of a row's start and a column
-        (the quotient and remainder of each output's index cost ~25 us a band of a stem's
-        11,520 outputs at each new image size, 2026-11-29)."""
-        ow = self.out_dims[1]
-        count = rows * ow
-        found = np.zeros(count + 2 * STRIP, np.int64)
-        if self.strips:  # output q is lane q % STRIP of strip q // STRIP
-            strips = -(-count // STRIP)
-            grid = np.add(np.arange(0, strips * self.rows_at.size * STRIP,
-                                    self.rows_at.size * STRIP)[:, None], np.arange(STRIP))
-            found[:count] = grid.reshape(-1)[:count]
-        else:
-            np.add(np.arange(0, rows * self.pw, self.pw)[:, None], np.arange(ow),
-                   out=found[:count].reshape(rows, ow))
-        return found
+        """:meth:`places` of ``rows`` output rows (:func:`placed_outputs`)."""
+        return placed_outputs(rows, self.out_dims[1], self.pw, self.strips, self.rows_at.size)
+
+
+def placed_outputs(rows: int, ow: int, pw: int, strips: bool, channels: int) -> np.ndarray:
+    """Where ``rows`` rows of ``ow`` outputs sit in phase planes of ``pw`` columns (or, in
+    the ``strips`` form, in strips of STRIP outputs over ``channels``), padded with place 0
+    past a whole strip of either size and one more: sums of a row's start and a column
+    (the quotient and remainder of each output's index cost ~25 us a band of a stem's
+    11,520 outputs at each new image size, 2026-11-29)."""
+    count = rows * ow
+    found = np.zeros(count + 2 * STRIP, np.int64)
+    if strips:  # output q is lane q % STRIP of strip q // STRIP
+        grid = np.add(np.arange(0, -(-count // STRIP) * channels * STRIP, channels * STRIP)
+                      [:, None], np.arange(STRIP))
+        found[:count] = grid.reshape(-1)[:count]
+    else:
+        np.add(np.arange(0, rows * pw, pw)[:, None], np.arange(ow),
+               out=found[:count].reshape(rows, ow))
+    return found
+
+
+def image_parts(oh: int, ow: int, by_rows: bool, panels, weight_rows: int) -> tuple:
+    """(bands of output rows, parts, chunk) of an image the native driver splits: by
+    bands of rows (one a thread), else one band in runs of ``chunk`` output panels (the tap
+    tile's ``panels``) or strips of the ``weight_rows`` output channels (any other form)."""
+    bands = _row_parts(oh) if by_rows else [(0, oh)]
+    if by_rows:
+        return bands, len(bands), 0
+    if panels is not None:
+        count = len(thread_parts(panels.shape[0], panels.size * oh * ow))
+        return bands, count, -(-panels.shape[0] // count)
+    count, chunk = strip_runs(weight_rows)
+    return bands, count, chunk
+
+
+def stacked_places(rows: list) -> np.ndarray:
+    """Each band's places (:func:`placed_outputs`) as one row of an array, zero past its
+    own."""
+    places = np.zeros((len(rows), max(row.size for row in rows)), np.int64)
+    for at, row in enumerate(rows):
+        places[at, :row.size] = row
+    return places
 
 
 class _NativeParts:
@@ -214,21 +242,12 @@ class _NativeParts:
         oh, ow = plan.out_dims
         self.row_block = 0 if plan.taps else plan.row_block
         self.column_block = 0 if plan.taps else plan.column_block
-        bands = _row_parts(oh) if plan.by_rows else [(0, oh)]
+        bands, self.count, self.chunk = image_parts(
+            oh, ow, plan.by_rows, plan.panels if plan.taps and not plan.left else None,
+            plan.weights.shape[0] if not plan.taps or plan.left else 0)
         self.bounds = band_bounds(bands, oh)
-        if plan.by_rows:
-            self.count, self.chunk = len(bands), 0
-        elif plan.taps and not plan.left:
-            panels = plan.panels.shape[0]
-            self.count = len(thread_parts(panels, plan.panels.size * oh * ow))
-            self.chunk = -(-panels // self.count)
-        else:  # runs of whole strips of output channels
-            self.count, self.chunk = strip_runs(plan.weights.shape[0])
         if plan.taps:
-            rows = [plan.places(r0, r1) for r0, r1 in bands]
-            self.places = np.zeros((len(rows), max(r.size for r in rows)), np.int64)
-            for i, row in enumerate(rows):
-                self.places[i, :row.size] = row
+            self.places = stacked_places([plan.places(r0, r1) for r0, r1 in bands])
             self.rows_at = plan.rows_at
         else:  # a 1x1 kernel reads neither: the shared placeholders
             self.places, self.rows_at = _NO_PLACES, _NO_ROWS

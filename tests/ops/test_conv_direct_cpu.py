@@ -389,8 +389,9 @@ def test_the_layout_is_made_once_per_node_and_input_shape(every_shape):
     assert plan.taps and not plan.left and plan.panels.shape == (1, 32 * 9, 32)  # W's transpose
     np.testing.assert_array_equal(plan.panels[0, :, :16], W.reshape(16, -1).T)
     assert not plan.panels[0, :, 16:].any()
+    # a new image size's kit starts from the node's (ops/conv/tap_sizes.py): no layout
     conv_cpu(np, _rand(1, 32, 20, 20), W, _prepacked=prepacked, **attributes)
-    assert len([k for k in _kept(prepacked) if k[0] == "direct"]) == 2
+    assert [v for k, v in _kept(prepacked).items() if k[0] == "direct"] == layouts
 
 
 def test_a_constant_pointwise_weight_of_whole_strips_is_read_where_it_lies(every_shape):
@@ -899,8 +900,9 @@ def test_new_image_sizes_share_the_nodes_packed_weight(every_shape, geometry):
                                                   dilations=dilations),
                                    rtol=1e-4, atol=1e-4)
     layouts = [v for k, v in _kept(prepacked).items() if k[0] == "direct"]
-    # an in-place 1x1's new sizes need no layout: their kits start from its first size's
-    assert len(layouts) == (1 if geometry is GEOMETRIES[6] else 3)
+    # new sizes need no layout: their kits start from the first size's (an in-place 1x1's
+    # in conv_direct_cpu, one with taps in ops/conv/tap_sizes.py)
+    assert len(layouts) == 1
     packed = [(id(p.panels) if p.taps and not p.left else id(p.weights)) for p in layouts]
     assert len(set(packed)) == 1
 
@@ -915,11 +917,11 @@ def test_a_node_keeps_what_it_worked_out_for_its_latest_input_shapes_only(every_
         X = _rand(1, 3, side, side)
         got = conv_cpu(np, X, W, pads=[1] * 4, _prepacked=prepacked)
         np.testing.assert_allclose(got, _expected(X, W, pads=[1] * 4), rtol=1e-4, atol=1e-4)
-    for kind, image in (("geometry", (3,)), ("direct", (3,))):  # both keyed by C, H, W
-        shapes = [key[1] for key in _kept(prepacked) if key[0] == kind]
-        assert len(shapes) <= workspace.MAX_SHAPES_KEPT
-        assert image + (sides[-1], sides[-1]) in shapes  # the newest kept
-        assert image + (6, 6) not in shapes  # the oldest gone
+    # (a layout is made at the first size alone: the others' kits start from its kit)
+    shapes = [key[1] for key in _kept(prepacked) if key[0] == "geometry"]  # by C, H, W
+    assert len(shapes) <= workspace.MAX_SHAPES_KEPT
+    assert (3, sides[-1], sides[-1]) in shapes  # the newest kept
+    assert (3, 6, 6) not in shapes  # the oldest gone
     X = _rand(1, 3, 6, 6)
     np.testing.assert_allclose(conv_cpu(np, X, W, pads=[1] * 4, _prepacked=prepacked),
                                _expected(X, W, pads=[1] * 4), rtol=1e-4, atol=1e-4)
