@@ -25,6 +25,7 @@ import os
 import py_compile
 import sys
 import threading
+import time
 import types
 from pathlib import Path
 
@@ -85,12 +86,44 @@ def compiled_before(name: str) -> bool:
     :func:`mark_compiled` (here or in an earlier process), or among the prebuilt ones."""
     if name in _marked or _prebuilt(name):
         return True
-    # a string path and os.path: a Path's making and stat were ~35 us of a new size's
-    # first run, a depthwise convolution's each (2026-11-29)
-    if os.path.isfile(os.path.join(cache_root_text(), "jit", f"{name}.compiled")):
+    if f"{name}.compiled" in _markers():
         _marked.add(name)
         return True
     return False
+
+
+def _markers() -> frozenset:
+    """The names of the marker files in the cache's ``jit/`` folder, listed again where the
+    folder changed since (its modification time, asked at most every MARKERS_FRESH_S).
+    Each name was asked of the disk, a stat of ~20-27 us cold (a string path and os.path:
+    a Path's making was ~35 us more, 2026-11-29), and a new image size's first run asks
+    one for each depthwise convolution's geometry: thirteen a ShuffleNetV2 size
+    (2026-12-05). A mark another process writes (the background compiler's) is seen
+    MARKERS_FRESH_S later at most; meanwhile the node takes the form that stands in for
+    its compiled one, as it did before the mark."""
+    folder = os.path.join(cache_root_text(), "jit")
+    now = time.monotonic()
+    found = _listing.get(folder)
+    if found is not None and now < found[0]:
+        return found[2]
+    try:
+        changed = os.stat(folder).st_mtime_ns
+    except OSError:
+        changed = None
+    if found is None or found[1] != changed:
+        try:
+            names = frozenset(entry for entry in os.listdir(folder)
+                              if entry.endswith(".compiled"))
+        except OSError:
+            names = frozenset()
+    else:
+        names = found[2]
+    _listing[folder] = (now + MARKERS_FRESH_S, changed, names)
+    return names
+
+
+MARKERS_FRESH_S = 0.1
+_listing: dict = {}  # folder -> (fresh until, its modification time, its markers' names)
 
 
 @functools.lru_cache(maxsize=1024)
