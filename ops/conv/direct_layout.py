@@ -223,12 +223,16 @@ def image_parts(oh: int, ow: int, by_rows: bool, panels, weight_rows: int) -> tu
     return bands, count, chunk
 
 
-def stacked_places(rows: list) -> np.ndarray:
-    """Each band's places (:func:`placed_outputs`) as one row of an array, zero past its
-    own."""
-    places = np.zeros((len(rows), max(row.size for row in rows)), np.int64)
-    for at, row in enumerate(rows):
-        places[at, :row.size] = row
+def band_places(rows: list, ow: int, pw: int, strips: bool, channels: int) -> np.ndarray:
+    """The places of bands of these many output rows each (:func:`placed_outputs`), one
+    band a row of the array, zero past its own: each band's are the first of the tallest
+    band's (places count from the band's first row), so those are made once and copied."""
+    tallest = placed_outputs(max(rows), ow, pw, strips, channels)
+    if len(rows) == 1:
+        return tallest.reshape(1, -1)
+    places = np.zeros((len(rows), tallest.size), np.int64)
+    for at, count in enumerate(rows):
+        places[at, :count * ow] = tallest[:count * ow]
     return places
 
 
@@ -247,7 +251,8 @@ class _NativeParts:
             plan.weights.shape[0] if not plan.taps or plan.left else 0)
         self.bounds = band_bounds(bands, oh)
         if plan.taps:
-            self.places = stacked_places([plan.places(r0, r1) for r0, r1 in bands])
+            self.places = band_places([r1 - r0 for r0, r1 in bands], ow, plan.pw,
+                                      plan.strips, plan.rows_at.size)
             self.rows_at = plan.rows_at
         else:  # a 1x1 kernel reads neither: the shared placeholders
             self.places, self.rows_at = _NO_PLACES, _NO_ROWS

@@ -29,8 +29,8 @@ import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.conv.direct_forms import STRIP, _strided_pointwise
-from mixrt.ops.conv.direct_layout import (_tap_offsets, band_bounds, image_parts,
-                                          placed_outputs, splits_rows)
+from mixrt.ops.conv.direct_layout import (_tap_offsets, band_bounds, band_places,
+                                          image_parts, splits_rows)
 
 _TAPS = "tap sizes"
 
@@ -109,7 +109,8 @@ class TapSizes:
             rows_at, shape = self._offsets(planes[3], pw), planes
         bands, parts, chunk = image_parts(oh, ow, self.by_rows, self.panels, self.weight_rows)
         bounds = band_bounds(bands, oh)
-        places = self._places([r1 - r0 for r0, r1 in bands], ow, pw)
+        places = band_places([r1 - r0 for r0, r1 in bands], ow, pw, self.strips,
+                             self.channels)
         flat = math.prod(planes)
         words = self.words.copy()
         for slot, name in ((kernels.PLANES, "direct_planes"),
@@ -133,18 +134,6 @@ class TapSizes:
         offsets += np.multiply(row, pw, out=self._term)
         offsets += column
         return offsets
-
-    def _places(self, rows: list, ow: int, pw: int) -> np.ndarray:
-        """``direct_layout.stacked_places`` of bands of these many rows: each band's places
-        are the first of the tallest band's (:func:`placed_outputs` counts from the band's
-        first row), so those are made once and copied."""
-        tallest = placed_outputs(max(rows), ow, pw, self.strips, self.channels)
-        if len(rows) == 1:
-            return tallest.reshape(1, -1)
-        places = np.zeros((len(rows), tallest.size), np.int64)
-        for at, count in enumerate(rows):
-            places[at, :count * ow] = tallest[:count * ow]
-        return places
 
 
 class SizedTaps:
