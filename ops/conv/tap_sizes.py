@@ -40,14 +40,12 @@ def kit_at(X, W, geometry: tuple, limits):
     check) at X's image size, made from the node's kit at another size of the same form;
     None where the node has no such kit on this thread yet (its full route makes one, and
     :func:`keep` keeps it)."""
-    begin, end, out_dims = geometry[4:]
     key = _form_key(X, W, geometry, limits)
     sizes = jit_cpu.kept_kit(W, key)
     if sizes is None or X.shape[1] != sizes.channels:
         return None
-    image = (X.shape[2], X.shape[3], begin[0], begin[1], end[0], end[1])
     generation = jit_cpu.scratch_generation()
-    kit = jit_cpu.scratch_kit(W, key + image, lambda: sizes.at(X.shape[2:], out_dims))
+    kit = jit_cpu.scratch_kit(W, key + X.shape[2:], lambda: sizes.at(X.shape[2:], geometry[6]))
     if jit_cpu.scratch_generation() != generation:
         # the size's planes grew this thread's buffer, which lets go of every kit: the
         # node's words here point into none of the planes, so they are a start still
